@@ -1,0 +1,117 @@
+"""Building (confidences, correct) from model outputs.
+
+Confidence is the maximum softmax probability and ``correct`` is
+``argmax == label`` (ties in the argmax go to the lowest class index, as
+``jnp.argmax`` does), the convention of the paper and of most libraries.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cwsa_jax import _validation
+
+
+class Predictions(NamedTuple):
+  """Top-label confidences [..., n] (float32) and correctness [..., n] (bool)."""
+  confidences: jax.Array
+  correct: jax.Array
+
+
+def _check_scores(scores, labels, name):
+  scores = _validation.as_float_array(scores, name)
+  if scores.ndim < 2:
+    raise ValueError(f"{name} must have shape [..., n, num_classes], got {scores.shape}")
+  if scores.shape[-1] < 1:
+    raise ValueError(f"{name} has no classes (last axis is empty)")
+  if scores.shape[-2] == 0:
+    raise ValueError(f"{name} is empty: at least one sample is needed")
+  labels = _validation.as_labels(labels, "labels", num_classes=scores.shape[-1])
+  if labels.shape != scores.shape[:-1]:
+    raise ValueError(
+        f"labels must have shape {scores.shape[:-1]} to match {name} {scores.shape}, got {labels.shape}")
+  if _validation.is_concrete(scores) and not np.all(np.isfinite(np.asarray(scores))):
+    raise ValueError(f"{name} contains NaN or infinite values")
+  return scores, labels
+
+
+def check_probabilities(probs: jax.Array, name: str = "probs", *, atol: float = 1e-3) -> None:
+  """Raises unless concrete ``probs`` [..., K] lie in [0, 1] and sum to 1 within ``atol``."""
+  if not _validation.is_concrete(probs):
+    return
+  p = np.asarray(probs, dtype=np.float64)
+  if p.min() < 0.0 or p.max() > 1.0:
+    raise ValueError(f"{name} must lie in [0, 1], got values in [{p.min():.6g}, {p.max():.6g}]")
+  err = np.abs(p.sum(axis=-1) - 1.0)
+  if err.max() > atol:
+    i = int(np.argmax(err.reshape(-1)))
+    raise ValueError(
+        f"{name} rows must sum to 1 (within {atol}); row {i} sums to {1.0 + float(err.reshape(-1)[i]):.6g}"
+        " (pass logits to confidences_from_logits instead?)")
+
+
+def confidences_from_probs(probs, labels) -> Predictions:
+  """(max probability, argmax == label) from class probabilities.
+
+  Args:
+    probs: [..., n, K] probabilities; each row must sum to 1 (within 1e-3).
+    labels: [..., n] integer labels in [0, K).
+
+  Returns:
+    :class:`Predictions` ``(confidences, correct)``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from cwsa_jax import confidences_from_probs
+    >>> p = jnp.array([[0.7, 0.2, 0.1], [0.3, 0.3, 0.4]])
+    >>> c, ok = confidences_from_probs(p, jnp.array([0, 1]))
+    >>> print([round(float(x), 4) for x in c], ok.tolist())
+    [0.7, 0.4] [True, False]
+  """
+  probs, labels = _check_scores(probs, labels, "probs")
+  check_probabilities(probs)
+  return _from_probs(probs, labels)
+
+
+@jax.jit
+def _from_probs(probs, labels):
+  pred = jnp.argmax(probs, axis=-1)
+  conf = jnp.clip(jnp.max(probs, axis=-1), 0.0, 1.0).astype(jnp.float32)
+  return Predictions(conf, pred == labels)
+
+
+def confidences_from_logits(logits, labels) -> Predictions:
+  """(max softmax probability, argmax == label) from logits, computed stably.
+
+  .. math::
+
+    c_i = \\max_k \\mathrm{softmax}(z_i)_k = 1 \\big/ \\sum_k e^{z_{ik} - \\max_j z_{ij}} .
+
+  Args:
+    logits: [..., n, K] unnormalised log-probabilities (finite).
+    labels: [..., n] integer labels in [0, K).
+
+  Returns:
+    :class:`Predictions` ``(confidences, correct)``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from cwsa_jax import confidences_from_logits
+    >>> c, ok = confidences_from_logits(jnp.array([[2.0, 0.0], [0.0, 1e4]]), jnp.array([0, 0]))
+    >>> print([round(float(x), 4) for x in c], ok.tolist())
+    [0.8808, 1.0] [True, False]
+  """
+  logits, labels = _check_scores(logits, labels, "logits")
+  return _from_logits(logits, labels)
+
+
+@jax.jit
+def _from_logits(logits, labels):
+  shifted = logits - jnp.max(logits, axis=-1, keepdims=True)
+  conf = (1.0 / jnp.sum(jnp.exp(shifted), axis=-1)).astype(jnp.float32)
+  pred = jnp.argmax(logits, axis=-1)
+  return Predictions(conf, pred == labels)

@@ -1,0 +1,138 @@
+"""Hard selective metrics at one threshold: CWSA, CWSA+, coverage, selective accuracy.
+
+Definitions (the paper's Algorithm 1). For confidences c_i in [0, 1],
+correctness kappa_i (bool, or graded in [0, 1]) and a threshold tau in [0, 1):
+
+.. math::
+
+  S_\\tau = \\{ i : c_i \\ge \\tau \\}, \\qquad
+  \\phi_i = \\frac{c_i - \\tau}{1 - \\tau},
+
+  \\mathrm{CWSA}(\\tau) = \\frac{1}{|S_\\tau|} \\sum_{i \\in S_\\tau} \\phi_i (2\\kappa_i - 1),
+  \\qquad
+  \\mathrm{CWSA}^+(\\tau) = \\frac{1}{|S_\\tau|} \\sum_{i \\in S_\\tau} \\phi_i \\kappa_i .
+
+Samples exactly at tau are retained with weight phi = 0. When S is empty,
+CWSA = CWSA+ = 0 (the paper's convention) and selective accuracy is NaN.
+"""
+
+from __future__ import annotations
+
+
+import jax
+import jax.numpy as jnp
+
+from cwsa_jax import _exact
+from cwsa_jax import _stats
+from cwsa_jax import _validation
+from cwsa_jax._sweep import _check_samples
+
+
+@jax.jit
+def _metrics_1d(confidences, correct, tau):
+  n = confidences.shape[0]
+
+  def columns_fn(c, kappa):
+    retained = (c >= tau).astype(jnp.int32)
+    return retained, _stats.columns(c, kappa)
+
+  hi, lo = _exact.segment_sums(columns_fn, [confidences, correct], 2)
+  values = _exact.to_float(hi[1], lo[1])
+  sums = _stats.sums_from_columns(values, correct.dtype != jnp.bool_)
+  metrics = _stats.metrics_from_sums(sums, tau, n)
+  bad = _stats.invalid_inputs(confidences, correct) | ~((tau >= 0) & (tau < 1))
+  return _stats.Metrics(*[jnp.where(bad, jnp.nan, m) for m in metrics])
+
+
+def _metrics(confidences, correct, tau, normalize: str = "retained") -> _stats.Metrics:
+  _stats.check_normalize(normalize)
+  confidences = _validation.as_float_array(confidences, "confidences")
+  correct = _validation.as_correct(correct)
+  tau = _validation.as_float_array(tau, "tau")
+  if tau.ndim != 0:
+    raise ValueError(f"tau must be a scalar, got shape {tau.shape}; use sweep() for many thresholds")
+  _check_samples(confidences, correct)
+  _validation.check_threshold(tau)
+  fn = _metrics_1d
+  for _ in range(confidences.ndim - 1):
+    fn = jax.vmap(fn, in_axes=(0, 0, None))
+  return _stats.renormalize(fn(confidences.astype(jnp.float32), correct, tau.astype(jnp.float32)), normalize)
+
+
+def cwsa(confidences, correct, tau, *, normalize: str = "retained") -> jax.Array:
+  """Confidence-weighted selective accuracy at threshold ``tau``.
+
+  .. math::
+
+    \\mathrm{CWSA}(\\tau) = \\frac{1}{|S_\\tau|} \\sum_{i \\in S_\\tau}
+    \\frac{c_i - \\tau}{1 - \\tau} (2\\kappa_i - 1), \\qquad
+    S_\\tau = \\{i : c_i \\ge \\tau\\},
+
+  and 0 when S is empty. Range [-1, 1]: confident correct predictions earn up
+  to +1, confident mistakes cost up to -1.
+
+  Args:
+    confidences: [..., n] confidences in [0, 1] (e.g. max softmax probability).
+    correct: [..., n] bool or 0/1, or graded correctness kappa in [0, 1].
+    tau: scalar threshold in [0, 1).
+    normalize: ``"retained"`` (default) divides by |S| as the paper defines;
+      ``"all"`` divides by n, reproducing the paper's published code (its
+      reported CWSA equals coverage x CWSA).
+
+  Returns:
+    Scalar array (or [...] for batched inputs).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from cwsa_jax import cwsa
+    >>> c = jnp.array([0.9, 0.6, 0.8, 0.55]); ok = jnp.array([True, False, True, True])
+    >>> print(round(float(cwsa(c, ok, 0.5)), 4), round(float(cwsa(c, ok, 0.5, normalize="all")), 4))
+    0.325 0.325
+  """
+  return _metrics(confidences, correct, tau, normalize).cwsa
+
+
+def cwsa_plus(confidences, correct, tau) -> jax.Array:
+  """CWSA+: the reward-only, [0, 1]-valued variant of CWSA at threshold ``tau``.
+
+  .. math::
+
+    \\mathrm{CWSA}^+(\\tau) = \\frac{1}{|S_\\tau|} \\sum_{i \\in S_\\tau}
+    \\frac{c_i - \\tau}{1 - \\tau} \\kappa_i ,
+
+  and 0 when S is empty. Arguments as in :func:`cwsa`.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from cwsa_jax import cwsa_plus
+    >>> c = jnp.array([0.9, 0.6, 0.8, 0.55]); ok = jnp.array([True, False, True, True])
+    >>> print(round(float(cwsa_plus(c, ok, 0.5)), 4))
+    0.375
+  """
+  return _metrics(confidences, correct, tau).cwsa_plus
+
+
+def coverage(confidences, tau) -> jax.Array:
+  """Fraction of samples retained at ``tau``: |{i : c_i >= tau}| / n.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from cwsa_jax import coverage
+    >>> print(float(coverage(jnp.array([0.9, 0.6, 0.8, 0.55]), 0.6)))
+    0.75
+  """
+  confidences = _validation.as_float_array(confidences, "confidences")
+  return _metrics(confidences, jnp.ones(confidences.shape, jnp.bool_), tau).coverage
+
+
+def selective_accuracy(confidences, correct, tau) -> jax.Array:
+  """Accuracy over the retained set: mean of kappa_i over {i : c_i >= tau}; NaN if empty.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from cwsa_jax import selective_accuracy
+    >>> c = jnp.array([0.9, 0.6, 0.8, 0.55]); ok = jnp.array([True, False, True, True])
+    >>> print(float(selective_accuracy(c, ok, 0.6)), float(selective_accuracy(c, ok, 0.95)))
+    0.6666666865348816 nan
+  """
+  return _metrics(confidences, correct, tau).selective_accuracy

@@ -1,0 +1,175 @@
+"""The fused threshold sweep: every hard metric at every threshold in one call.
+
+A kernel that compares every sample with every threshold materialises an
+n x T mask: O(nT) time and memory. Here each sample is instead *bucketed*
+into its threshold interval, the per-bucket sufficient statistics are summed
+exactly (``_exact``), and a reverse cumulative sum over the T + 1 buckets gives
+the retained-set statistics of every threshold at once. The cost is O(n) plus
+a few passes of a short binary search, nearly flat in T.
+
+Bucketing uses a small table over [0, 1] split into 2T or more equal cells:
+for each cell, the index of its first threshold and the number of thresholds
+inside it; a binary search over that (usually empty or single-element) range
+finishes the job. ``c >= tau`` is evaluated exactly,
+so ties at a threshold are retained, as the paper defines.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from cwsa_jax import _exact
+from cwsa_jax import _stats
+from cwsa_jax import _validation
+
+class SweepResult(NamedTuple):
+  """Hard metrics at every threshold; every field has shape [..., T]."""
+  thresholds: jax.Array
+  coverage: jax.Array
+  selective_accuracy: jax.Array
+  cwsa: jax.Array
+  cwsa_plus: jax.Array
+
+
+def num_cells(num_thresholds: int) -> int:
+  """Static size of the bucket table: a power of two >= 2T (at least 64)."""
+  return max(64, 1 << (2 * num_thresholds - 1).bit_length())
+
+
+def _cell(x: jax.Array, cells: int) -> jax.Array:
+  # floor(x * cells) is monotone non-decreasing in x (cells is a power of two,
+  # so the product is exact): cell(t) < cell(c) implies t < c, and
+  # cell(t) > cell(c) implies t > c. Only equal cells need a comparison.
+  return jnp.clip(jnp.floor(x * cells), 0, cells - 1).astype(jnp.int32)
+
+
+def bucket_table(sorted_thresholds: jax.Array, cells: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Per cell: index of its first threshold, number of thresholds in it; and the max count."""
+  counts = jnp.zeros((cells,), jnp.int32).at[_cell(sorted_thresholds, cells)].add(1)
+  first = jnp.cumsum(counts) - counts
+  return first, counts, jnp.max(counts)
+
+
+def bucketize(confidences: jax.Array, sorted_thresholds: jax.Array, first: jax.Array,
+              counts: jax.Array, max_per_cell: jax.Array) -> jax.Array:
+  """Number of sorted thresholds <= each confidence: its bucket in [0, T].
+
+  ``k = first[cell(c)] + #{thresholds t in cell(c) : t <= c}``, the second
+  term found by binary lifting with ceil(log2(max_per_cell + 1)) steps (one
+  step for any grid finer than the table).
+  """
+  num_thresholds = sorted_thresholds.shape[0]
+  cell = _cell(confidences, first.shape[0])
+  start = first[cell]
+  end = start + counts[cell]
+  num_steps = 32 - jax.lax.clz(max_per_cell)
+
+  def step(i, k):
+    stride = jnp.left_shift(1, num_steps - 1 - i)
+    probe = k + stride
+    index = jnp.clip(probe - 1, 0, num_thresholds - 1)
+    take = (probe <= end) & (sorted_thresholds[index] <= confidences)
+    return jnp.where(take, probe, k)
+
+  return jax.lax.fori_loop(0, num_steps, step, start)
+
+
+@jax.jit
+def _sweep_1d(confidences, correct, thresholds):
+  n = confidences.shape[0]
+  num_thresholds = thresholds.shape[0]
+  graded = correct.dtype != jnp.bool_
+  order = jnp.argsort(thresholds)
+  sorted_thresholds = thresholds[order]
+  first, counts, max_per_cell = bucket_table(sorted_thresholds, num_cells(num_thresholds))
+
+  def columns_fn(c, kappa):
+    bucket = bucketize(jnp.clip(c, 0.0, 1.0), sorted_thresholds, first, counts, max_per_cell)
+    return bucket, _stats.columns(c, kappa)
+
+  hi, lo = _exact.segment_sums(columns_fn, [confidences, correct], num_thresholds + 1)
+  hi, lo = _exact.suffix_sums(hi, lo)
+  # Threshold j (sorted) retains the buckets j + 1, ..., T.
+  values = _exact.to_float(hi[1:], lo[1:])
+  sums = _stats.sums_from_columns(values, graded)
+  metrics = _stats.metrics_from_sums(sums, sorted_thresholds, n)
+  inverse = jnp.zeros_like(order).at[order].set(jnp.arange(num_thresholds, dtype=order.dtype))
+  bad = _stats.invalid_inputs(confidences, correct)
+  bad_tau = bad | ~((thresholds >= 0) & (thresholds < 1))
+  fields = [jnp.where(bad_tau, jnp.nan, m[inverse]) for m in metrics]
+  return SweepResult(thresholds, *fields)
+
+
+def sweep(confidences, correct, thresholds, *, normalize: str = "retained") -> SweepResult:
+  """Coverage, selective accuracy, CWSA and CWSA+ at every threshold, fused.
+
+  For each threshold tau_t, with S_t = {i : c_i >= tau_t} and
+  phi_i = (c_i - tau_t)/(1 - tau_t):
+
+  .. math::
+
+    \\mathrm{coverage}_t = |S_t|/n, \\quad
+    \\mathrm{CWSA}_t = \\frac{1}{|S_t|}\\sum_{S_t} \\phi_i (2\\kappa_i - 1), \\quad
+    \\mathrm{CWSA}^+_t = \\frac{1}{|S_t|}\\sum_{S_t} \\phi_i \\kappa_i,
+
+  and selective accuracy = mean of kappa over S_t. CWSA and CWSA+ are 0 and
+  selective accuracy NaN where S_t is empty.
+
+  One jitted call costs O(n + T) plus a short binary search per sample, so it
+  is nearly flat in T; the sums are exact, so float32 results stay within a
+  few ulp of a float64 computation. Thresholds may be in any order.
+
+  Args:
+    confidences: [..., n] confidences in [0, 1]. Leading axes are batch axes
+      (e.g. models or bootstrap resamples); the function is also
+      ``jax.vmap``-able.
+    correct: [..., n] bool or 0/1 correctness, or graded correctness kappa in
+      [0, 1] (float).
+    thresholds: [T] thresholds in [0, 1).
+    normalize: ``"retained"`` (default, the paper's definition: CWSA divided by
+      |S|) or ``"all"`` (CWSA divided by n, as the paper's published code does;
+      equals coverage x CWSA).
+
+  Returns:
+    :class:`SweepResult` with fields ``thresholds`` [T] and ``coverage``,
+    ``selective_accuracy``, ``cwsa``, ``cwsa_plus`` [..., T].
+
+  Raises:
+    ValueError: on concrete inputs with NaN/inf, values outside [0, 1],
+      thresholds outside [0, 1), mismatched shapes or no samples. Inside a
+      user's ``jit`` only shape checks run; invalid values give NaN outputs.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from cwsa_jax import sweep
+    >>> r = sweep(jnp.array([0.9, 0.6, 0.8, 0.55]), jnp.array([True, False, True, True]),
+    ...           jnp.array([0.5, 0.7]))
+    >>> print(r.coverage.tolist(), [round(float(x), 4) for x in r.cwsa])
+    [1.0, 0.5] [0.325, 0.5]
+  """
+  _stats.check_normalize(normalize)
+  confidences = _validation.as_float_array(confidences, "confidences")
+  correct = _validation.as_correct(correct)
+  thresholds = _validation.as_float_array(thresholds, "thresholds")
+  if thresholds.ndim != 1:
+    raise ValueError(f"thresholds must be 1-D [T], got shape {thresholds.shape}")
+  _validation.check_nonempty(thresholds, "thresholds")
+  _check_samples(confidences, correct)
+  _validation.check_threshold(thresholds, "thresholds")
+  fn = _sweep_1d
+  for _ in range(confidences.ndim - 1):
+    fn = jax.vmap(fn, in_axes=(0, 0, None))
+  result = fn(confidences.astype(jnp.float32), correct, thresholds.astype(jnp.float32))
+  return _stats.renormalize(result, normalize)
+
+
+def _check_samples(confidences: jax.Array, correct: jax.Array) -> None:
+  _validation.check_same_leading_shape(confidences, correct, "confidences", "correct")
+  if confidences.ndim == 0:
+    raise ValueError("confidences must have a samples axis [..., n], got a scalar")
+  if confidences.shape[-1] == 0:
+    raise ValueError("confidences is empty: at least one sample is needed")
+  _validation.check_finite_in_unit_interval(confidences, "confidences")

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The README's two commands:
+#   ./dev.sh demo   set up .venv and run the main job (synthetic demo, no data to fetch)
+#   ./dev.sh test   set up .venv and run the test suite
+# Extra arguments are passed on (to `cwsa-jax demo` or to pytest).
+set -euo pipefail
+cd "$(dirname "$0")"
+venv="${CWSA_JAX_VENV:-.venv}"
+python="${PYTHON:-python3}"
+
+setup() {
+  if [ ! -x "$venv/bin/python" ]; then
+    echo "[dev.sh] creating $venv" >&2
+    "$python" -m venv "$venv"
+  fi
+  # Reinstall only when pyproject.toml changed since the last install.
+  local stamp="$venv/.cwsa-jax-installed"
+  local want
+  want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    echo "[dev.sh] installing cwsa-jax[dev] into $venv" >&2
+    "$venv/bin/python" -m pip install --quiet --upgrade pip
+    "$venv/bin/python" -m pip install --quiet -e ".[dev]"
+    echo "$want" > "$stamp"
+  fi
+}
+
+cmd="${1:-}"
+shift || true
+case "$cmd" in
+  demo)
+    setup
+    exec "$venv/bin/cwsa-jax" demo "$@"
+    ;;
+  test)
+    setup
+    # Local copies of MNIST / CIFAR-10 for the data tests, when present beside the checkout.
+    if [ -z "${CWSA_JAX_DATA_DIR:-}" ] && [ -d ../shared/data ]; then
+      export CWSA_JAX_DATA_DIR="$(cd ../shared/data && pwd)"
+    fi
+    exec "$venv/bin/python" -m pytest -n 2 "$@"
+    ;;
+  *)
+    echo "usage: ./dev.sh demo [args] | ./dev.sh test [pytest args]" >&2
+    exit 2
+    ;;
+esac

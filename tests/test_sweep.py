@@ -1,0 +1,201 @@
+"""The fused sweep against the float64 reference and against single-threshold calls."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import reference
+from cwsa_jax import SweepResult, coverage, cwsa, cwsa_plus, selective_accuracy, sweep
+from cwsa_jax import _sweep
+
+ATOL = 2e-6
+GRID = np.linspace(0.5, 0.99, 50).astype(np.float32)
+
+
+def _stack(r: SweepResult) -> np.ndarray:
+  return np.stack([r.coverage, r.selective_accuracy, r.cwsa, r.cwsa_plus], axis=-1)
+
+
+def _check(c, ok, thresholds, normalize="retained"):
+  c = np.asarray(c, np.float32)
+  thresholds = np.asarray(thresholds, np.float32)
+  got = _stack(sweep(c, ok, thresholds, normalize=normalize))
+  want = reference.sweep(c, ok, thresholds, normalize)
+  np.testing.assert_allclose(got, want, atol=ATOL, rtol=0, equal_nan=True)
+  return got
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    # A few sizes only: every new shape is a new compilation.
+    n=st.sampled_from([1, 2, 5, 64, 400]),
+    num_thresholds=st.sampled_from([1, 3, 50]),
+    seed=st.integers(0, 2**31 - 1),
+    normalize=st.sampled_from(["retained", "all"]),
+    graded=st.booleans(),
+)
+def test_random_against_reference(n, num_thresholds, seed, normalize, graded):
+  rng = np.random.default_rng(seed)
+  c = rng.uniform(0, 1, n).astype(np.float32)
+  # Put some confidences exactly on thresholds, 0 and 1.
+  thresholds = rng.uniform(0, 0.995, num_thresholds).astype(np.float32)
+  hits = rng.integers(0, n, size=min(n, 5))
+  c[hits] = rng.choice(np.concatenate([thresholds, [0.0, 1.0]]).astype(np.float32), size=hits.size)
+  ok = rng.uniform(0, 1, n).astype(np.float32) if graded else rng.uniform(size=n) < c
+  _check(c, ok, thresholds, normalize)
+
+
+def test_ties_exactly_at_every_threshold():
+  c = np.repeat(GRID, 3)
+  ok = np.tile([True, False, True], GRID.size)
+  got = _check(c, ok, GRID)
+  # Threshold j retains its own three ties and everything above.
+  np.testing.assert_allclose(got[:, 0], (GRID.size - np.arange(GRID.size)) / GRID.size, atol=1e-7)
+
+
+def test_thresholds_zero_and_099_and_edges():
+  c = np.array([0.0, 0.0, 0.5, 0.99, 0.995, 1.0], np.float32)
+  ok = np.array([1, 0, 1, 0, 1, 1], bool)
+  got = _check(c, ok, [0.0, 0.5, 0.99])
+  assert got[0, 0] == 1.0  # tau = 0 keeps c = 0
+  np.testing.assert_allclose(got[2, 0], 3 / 6)
+
+
+def test_one_sample_all_correct_all_wrong_and_empty():
+  for c0 in [0.0, 0.3, 0.99, 1.0]:
+    for ok in [0, 1]:
+      _check([c0], [ok], GRID)
+  rng = np.random.default_rng(1)
+  c = rng.uniform(0, 1, 300).astype(np.float32)
+  right = _check(c, np.ones(300, bool), GRID)
+  wrong = _check(c, np.zeros(300, bool), GRID)
+  np.testing.assert_array_equal(right[:, 2] >= 0, True)
+  np.testing.assert_array_equal(wrong[:, 3], 0.0)
+  empty = _stack(sweep(np.array([0.1, 0.2], np.float32), np.array([1, 1]), GRID))
+  assert np.all(empty[:, 0] == 0) and np.all(np.isnan(empty[:, 1]))
+  assert np.all(empty[:, 2] == 0) and np.all(empty[:, 3] == 0)
+
+
+def test_unsorted_and_duplicate_thresholds_keep_their_order():
+  rng = np.random.default_rng(2)
+  c = rng.uniform(0, 1, 500).astype(np.float32)
+  ok = rng.uniform(size=500) < c
+  thresholds = np.array([0.9, 0.1, 0.5, 0.5, 0.0, 0.99, 0.3], np.float32)
+  r = sweep(c, ok, thresholds)
+  np.testing.assert_array_equal(np.asarray(r.thresholds), thresholds)
+  _check(c, ok, thresholds)
+
+
+def test_clustered_thresholds_need_several_search_steps():
+  """Many thresholds inside one table cell exercise the binary search."""
+  rng = np.random.default_rng(3)
+  thresholds = (np.float32(0.9) + np.arange(40, dtype=np.float32) * np.float32(1e-6)).astype(np.float32)
+  c = np.concatenate([thresholds, rng.uniform(0.899, 0.90005, 300).astype(np.float32)])
+  ok = rng.uniform(size=c.size) < 0.5
+  first, counts, max_per_cell = _sweep.bucket_table(jnp.sort(jnp.asarray(thresholds)), _sweep.num_cells(40))
+  assert int(max_per_cell) == 40
+  _check(c, ok, thresholds)
+
+
+def test_bucketize_matches_numpy_searchsorted():
+  rng = np.random.default_rng(4)
+  for num_thresholds in [1, 7, 64, 1000]:
+    th = np.sort(rng.uniform(0, 1, num_thresholds).astype(np.float32))
+    th[: num_thresholds // 3] = th[0]  # duplicates
+    c = np.concatenate([rng.uniform(0, 1, 2000).astype(np.float32), th, [0.0, 1.0]]).astype(np.float32)
+    first, counts, mx = _sweep.bucket_table(jnp.asarray(th), _sweep.num_cells(num_thresholds))
+    got = _sweep.bucketize(jnp.asarray(c), jnp.asarray(th), first, counts, mx)
+    np.testing.assert_array_equal(np.asarray(got), np.searchsorted(th, c, side="right"))
+
+
+def test_sweep_equals_loop_over_single_threshold_functions():
+  rng = np.random.default_rng(5)
+  c = rng.uniform(0, 1, 1000).astype(np.float32)
+  ok = rng.uniform(size=1000) < c
+  r = sweep(c, ok, GRID)
+  loop = np.array([[float(coverage(c, t)), float(selective_accuracy(c, ok, t)),
+                    float(cwsa(c, ok, t)), float(cwsa_plus(c, ok, t))] for t in GRID])
+  np.testing.assert_allclose(_stack(r), loop, atol=1e-6, rtol=0, equal_nan=True)
+
+
+def test_vmap_over_models_equals_loop_and_jit_equals_eager():
+  rng = np.random.default_rng(6)
+  c = jnp.asarray(rng.uniform(0, 1, (5, 400)).astype(np.float32))
+  ok = jnp.asarray(rng.uniform(size=(5, 400)) < 0.7)
+  th = jnp.asarray(GRID)
+  loop = np.stack([_stack(sweep(c[i], ok[i], th)) for i in range(5)])
+  vmapped = _stack(jax.vmap(sweep, in_axes=(0, 0, None))(c, ok, th))
+  batched = _stack(sweep(c, ok, th))
+  jitted = _stack(jax.jit(sweep)(c[0], ok[0], th))
+  # Same numbers up to float32 rounding of the final formula (XLA fuses it differently).
+  np.testing.assert_allclose(vmapped, loop, atol=1e-7, rtol=0, equal_nan=True)
+  np.testing.assert_allclose(batched, loop, atol=1e-7, rtol=0, equal_nan=True)
+  np.testing.assert_allclose(jitted, loop[0], atol=1e-7, rtol=0, equal_nan=True)
+
+
+def test_vmap_over_bootstrap_resamples():
+  rng = np.random.default_rng(7)
+  c = jnp.asarray(rng.uniform(0, 1, 300).astype(np.float32))
+  ok = jnp.asarray(rng.uniform(size=300) < 0.6)
+  idx = jax.random.randint(jax.random.key(0), (8, 300), 0, 300)
+  resampled = jax.vmap(lambda i: sweep(c[i], ok[i], jnp.asarray(GRID)).cwsa)(idx)
+  for b in range(8):
+    np.testing.assert_allclose(resampled[b], reference.sweep(np.asarray(c)[idx[b]], np.asarray(ok)[idx[b]], GRID)[:, 2],
+                               atol=ATOL)
+
+
+def test_large_n_float32_accuracy_every_threshold():
+  """n = 10^7 over a 0..0.99 grid: every field within 2e-6 of float64."""
+  rng = np.random.default_rng(8)
+  n = 10**7
+  c = rng.uniform(0.0, 1.0, n).astype(np.float32)
+  c[: n // 2] = rng.uniform(0.985, 1.0, n // 2).astype(np.float32)
+  ok = rng.uniform(size=n) < c
+  thresholds = np.array([0.0, 0.25, 0.5, 0.9, 0.985, 0.99], np.float32)
+  got = _stack(sweep(c, ok, thresholds))
+  c64 = c.astype(np.float64)
+  k = ok.astype(np.float64)
+  for j, tau in enumerate(thresholds.astype(np.float64)):
+    m = c64 >= tau
+    phi = (c64[m] - tau) / (1 - tau)
+    want = [m.mean(), k[m].mean(), np.mean(phi * (2 * k[m] - 1)), np.mean(phi * k[m])]
+    np.testing.assert_allclose(got[j], want, atol=ATOL, rtol=0)
+
+
+def test_chunked_exact_sums_match_numpy():
+  from cwsa_jax import _exact
+  rng = np.random.default_rng(9)
+  n = 1000
+  x = rng.uniform(0, 1, n).astype(np.float32)
+  seg = rng.integers(0, 5, n).astype(np.int32)
+  fn = lambda xs, ss: (ss, jnp.stack(_exact.grid_digits(1.0 - xs), 0))
+  for chunk in [64, 333, 1000, 4096]:
+    hi, lo = _exact.segment_sums(fn, [jnp.asarray(x), jnp.asarray(seg)], 5, chunk_size=chunk)
+    got = _exact.combine(_exact.to_float(hi, lo), 3)
+    want = np.bincount(seg, weights=1.0 - x.astype(np.float64), minlength=5)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=3e-7)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: sweep([0.5], [1], [0.5, 1.0]), "thresholds must lie in \\[0, 1\\)"),
+        (lambda: sweep([0.5], [1], [[0.5]]), "1-D"),
+        (lambda: sweep([0.5], [1], []), "thresholds is empty"),
+        (lambda: sweep([0.5, 0.7], [1], [0.5]), "same shape"),
+        (lambda: sweep([0.5, np.nan], [1, 0], [0.5]), "NaN"),
+        (lambda: sweep([0.5, 2.0], [1, 0], [0.5]), "\\[0, 1\\]"),
+        (lambda: sweep(np.zeros((2, 0)), np.zeros((2, 0)), [0.5]), "empty"),
+        (lambda: sweep([0.5], [1], [0.5], normalize="paper"), "normalize"),
+    ],
+)
+def test_bad_input(call, message):
+  with pytest.raises(ValueError, match=message):
+    call()
+
+
+def test_inside_jit_invalid_thresholds_give_nan_only_there():
+  r = jax.jit(sweep)(jnp.array([0.5, 0.9]), jnp.array([True, False]), jnp.array([0.5, 1.0, -0.5]))
+  assert np.isfinite(float(r.cwsa[0])) and np.isnan(float(r.cwsa[1])) and np.isnan(float(r.cwsa[2]))
