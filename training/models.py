@@ -1,0 +1,145 @@
+"""Flax NNX CNNs for MNIST and CIFAR-10.
+
+Both take NHWC float images (already normalised; see the data pipeline) and
+return unnormalised logits [batch, num_classes]. Batch norm and dropout
+follow the module's mode: call ``model.train()`` before training steps and
+``model.eval()`` before evaluation (running batch-norm statistics, no
+dropout). Models are built in training mode.
+
+Sizes (parameters; forward multiply-adds per image):
+
+* :class:`MnistCNN`: two conv blocks (32, 64 channels) + dense 128 + dropout;
+  about 421k parameters, 4.3M multiply-adds.
+* :class:`Cifar10CNN`: VGG-style, three blocks of 3x3 conv + batch norm
+  layers (32, 64, 128 channels; one conv in the first block, two in the
+  others), max pooling, global average pooling, dense 128 + dropout; about
+  296k parameters, 29M multiply-adds.
+
+CPU cost (one jitted Adam step on a batch of 128, this project's 2-core
+machine while other jobs shared it, load average 4-7, so upper bounds):
+MnistCNN 0.29-0.37 s (an epoch of 469 steps ~2-3 min); Cifar10CNN 1.5-1.7 s
+(an epoch of 391 steps ~10 min; ``convs_per_block=(1, 1, 1)`` halves that,
+(2, 2, 2) doubles it). XLA's CPU convolution *filter* gradients dominate;
+``nnx.max_pool`` is avoided because its gradient was 10x slower still.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+class ConvBlock(nnx.Module):
+  """``num_convs`` x (3x3 conv, batch norm, ReLU), then 2x2 max pooling."""
+
+  def __init__(self, in_features: int, out_features: int, *, num_convs: int = 1,
+               rngs: nnx.Rngs):
+    self.convs = nnx.List()
+    self.norms = nnx.List()
+    for i in range(num_convs):
+      self.convs.append(nnx.Conv(in_features if i == 0 else out_features, out_features, (3, 3),
+                                 padding="SAME", use_bias=False, rngs=rngs))
+      self.norms.append(nnx.BatchNorm(out_features, momentum=0.9, rngs=rngs))
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    for conv, norm in zip(self.convs, self.norms):
+      x = jax.nn.relu(norm(conv(x)))
+    return max_pool_2x2(x)
+
+
+def max_pool_2x2(x: jax.Array) -> jax.Array:
+  """2x2 max pooling with stride 2 (odd trailing rows/columns are dropped).
+
+  Written as a reshape and a ``max`` rather than ``nnx.max_pool``: on XLA's
+  CPU backend the latter's gradient (``select_and_scatter_add``) is about 10x
+  slower, which made it the most expensive op of the MNIST train step.
+  """
+  batch, height, width, channels = x.shape
+  x = x[:, :height // 2 * 2, :width // 2 * 2]
+  x = x.reshape(batch, height // 2, 2, width // 2, 2, channels)
+  return jnp.max(x, axis=(2, 4))
+
+
+class MnistCNN(nnx.Module):
+  """Small CNN for 28x28x1 digits: 2 conv blocks (32, 64), dense 128, dropout.
+
+  Args:
+    num_classes: number of output logits (10).
+    dropout_rate: dropout before the last layer (active in ``train()`` mode).
+    rngs: ``nnx.Rngs`` with ``params`` and ``dropout`` streams (a plain
+      ``nnx.Rngs(seed)`` provides both).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from training.models import MnistCNN
+    >>> model = MnistCNN(rngs=nnx.Rngs(0))
+    >>> model(jnp.zeros((2, 28, 28, 1))).shape
+    (2, 10)
+  """
+
+  def __init__(self, *, num_classes: int = 10, dropout_rate: float = 0.4, rngs: nnx.Rngs):
+    self.block1 = ConvBlock(1, 32, rngs=rngs)
+    self.block2 = ConvBlock(32, 64, rngs=rngs)
+    self.dense = nnx.Linear(7 * 7 * 64, 128, rngs=rngs)
+    self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
+    self.head = nnx.Linear(128, num_classes, rngs=rngs)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """[batch, 28, 28, 1] float images -> [batch, num_classes] logits."""
+    x = self.block2(self.block1(x))
+    x = x.reshape(x.shape[0], -1)
+    x = self.dropout(jax.nn.relu(self.dense(x)))
+    return self.head(x)
+
+
+class Cifar10CNN(nnx.Module):
+  """Small VGG-style CNN with batch norm for 32x32x3 images.
+
+  Three blocks of ``convs_per_block`` 3x3 conv + batch norm + ReLU layers
+  with ``widths`` channels, each followed by 2x2 max pooling, then global
+  average pooling, dense 128, dropout and the classifier.
+
+  Args:
+    num_classes: number of output logits (10).
+    widths: channels of the three blocks (default (32, 64, 128)).
+    convs_per_block: conv layers in each block (default (1, 2, 2): the 32x32
+      block has one conv, which keeps the CPU cost down).
+    dropout_rate: dropout before the last layer.
+    rngs: ``nnx.Rngs`` with ``params`` and ``dropout`` streams.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from training.models import Cifar10CNN
+    >>> model = Cifar10CNN(rngs=nnx.Rngs(0))
+    >>> model(jnp.zeros((2, 32, 32, 3))).shape
+    (2, 10)
+  """
+
+  def __init__(self, *, num_classes: int = 10, widths: Sequence[int] = (32, 64, 128),
+               convs_per_block: Sequence[int] = (1, 2, 2), dropout_rate: float = 0.3,
+               rngs: nnx.Rngs):
+    if len(widths) != 3 or len(convs_per_block) != 3:
+      raise ValueError(f"widths and convs_per_block must have 3 entries (one per block), got "
+                       f"{tuple(widths)} and {tuple(convs_per_block)}")
+    if min(convs_per_block) < 1 or min(widths) < 1:
+      raise ValueError("widths and convs_per_block must be positive")
+    channels = (3, *widths)
+    self.blocks = nnx.List([
+        ConvBlock(channels[i], channels[i + 1], num_convs=convs_per_block[i], rngs=rngs)
+        for i in range(3)])
+    self.dense = nnx.Linear(widths[-1], 128, rngs=rngs)
+    self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
+    self.head = nnx.Linear(128, num_classes, rngs=rngs)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """[batch, 32, 32, 3] float images -> [batch, num_classes] logits."""
+    for block in self.blocks:
+      x = block(x)
+    x = jnp.mean(x, axis=(1, 2))  # global average pooling
+    x = self.dropout(jax.nn.relu(self.dense(x)))
+    return self.head(x)
