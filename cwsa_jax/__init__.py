@@ -1,13 +1,30 @@
 """cwsa-jax: confidence-weighted selective accuracy (CWSA, CWSA+) and friends in JAX.
 
 Hard metrics at one threshold (:func:`cwsa`, :func:`cwsa_plus`, :func:`coverage`,
-:func:`selective_accuracy`), the fused all-thresholds :func:`sweep`, and helpers
-that turn probabilities or logits into (confidences, correct).
+:func:`selective_accuracy`), the fused all-thresholds :func:`sweep`, helpers
+that turn probabilities or logits into (confidences, correct), and the classic
+references with named conventions: ECE family, Brier score, NLL, the
+risk-coverage curve, AURC, E-AURC, AUGRC and AUMCC.
 """
 
+from cwsa_jax._aumcc import aumcc
+from cwsa_jax._calibration import CalibrationBins
+from cwsa_jax._calibration import calibration_bins
+from cwsa_jax._calibration import ece
 from cwsa_jax._confidence import Predictions
 from cwsa_jax._confidence import confidences_from_logits
 from cwsa_jax._confidence import confidences_from_probs
+from cwsa_jax._risk_coverage import RiskCoverageCurve
+from cwsa_jax._risk_coverage import RiskCoverageSummary
+from cwsa_jax._risk_coverage import aurc
+from cwsa_jax._risk_coverage import augrc
+from cwsa_jax._risk_coverage import coverage_at_risk
+from cwsa_jax._risk_coverage import eaurc
+from cwsa_jax._risk_coverage import risk_at_coverage
+from cwsa_jax._risk_coverage import risk_coverage_curve
+from cwsa_jax._risk_coverage import risk_coverage_summary
+from cwsa_jax._scoring import brier_score
+from cwsa_jax._scoring import nll
 from cwsa_jax._selective import coverage
 from cwsa_jax._selective import cwsa
 from cwsa_jax._selective import cwsa_plus
@@ -18,13 +35,28 @@ from cwsa_jax._sweep import sweep
 __version__ = "0.1.0"
 
 __all__ = [
+    "CalibrationBins",
     "Predictions",
+    "RiskCoverageCurve",
+    "RiskCoverageSummary",
     "SweepResult",
+    "aumcc",
+    "augrc",
+    "aurc",
+    "brier_score",
+    "calibration_bins",
     "confidences_from_logits",
     "confidences_from_probs",
     "coverage",
+    "coverage_at_risk",
     "cwsa",
     "cwsa_plus",
+    "eaurc",
+    "ece",
+    "nll",
+    "risk_at_coverage",
+    "risk_coverage_curve",
+    "risk_coverage_summary",
     "selective_accuracy",
     "sweep",
 ]
