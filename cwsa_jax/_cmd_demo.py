@@ -1,43 +1,335 @@
-"""``cwsa-jax demo``: threshold sweep of a synthetic calibrated model (no data to fetch)."""
+"""``cwsa-jax demo``: the paper's synthetic models and stress tests, many seeds, one report.
+
+Nothing to download. Every case (5 models and 3 stress tests x 5 settings) is
+drawn for ``--seeds`` seeds with ``jax.vmap`` over PRNG keys, stacked into one
+[cases, seeds, n] batch and evaluated in a single call per metric, so the
+whole run compiles each metric once.
+"""
 
 from __future__ import annotations
 
 import argparse
+import functools
+import time
+from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from matplotlib.figure import Figure
 
-from cwsa_jax import sweep
+from cwsa_jax import _report
+from cwsa_jax import plots
+from cwsa_jax import synthetic
+from cwsa_jax._calibration import calibration_bins
+from cwsa_jax._cli_util import UserError, atomic_output_dir, write_json_atomic
+from cwsa_jax._risk_coverage import risk_coverage_curve
+
+DEFAULT_OUT = "cwsa-demo"
+# The stress tests: (name, parameter label, grid, description).
+STRESS_TESTS = (
+    ("label_noise", "label noise rate", (0.0, 0.1, 0.2, 0.3, 0.4),
+     "the calibrated model's labels corrupted after the fact (published `stress_noise.py`): "
+     "confidences no longer match correctness"),
+    ("class_imbalance", "share of class 0", (0.0, 0.1, 0.2, 0.3, 0.4),
+     "class 0 takes the given share of the labels and the calibrated model is right on it only "
+     "with probability 0.5 (instead of 0.9), so a larger rare-class share means more errors, "
+     "all with the low confidence of a calibrated model"),
+    ("confidence_shift", "confidence shift", (-0.2, -0.1, 0.0, 0.1, 0.2),
+     "every confidence of the calibrated model moved by the shift and clipped to [0, 1]: "
+     "negative = underconfident, positive = overconfident"),
+)
+MODEL_DESCRIPTIONS = {
+    "calibrated": "right w.p. 0.9 (else a random label); confidence U[0.8, 1] if right, U[0.5, 0.7] if wrong",
+    "overconfident": "right w.p. 0.9; confidence U[0.9, 1] whatever the outcome",
+    "underconfident": "right w.p. 0.9; confidence U[0.4, 0.6] whatever the outcome",
+    "perfect": "always right, confidence 1.0",
+    "random": "uniformly random label; confidence U[0.3, 1]",
+}
+SUMMARY_TAUS = (0.5, 0.9)
 
 
-def _calibrated(key, n: int, num_classes: int = 3):
-  """The paper's calibrated model: right w.p. 0.9 (else a uniform label); conf by outcome."""
-  k1, k2, k3, k4, k5 = jax.random.split(key, 5)
-  labels = jax.random.randint(k1, (n,), 0, num_classes)
-  guess = jax.random.randint(k2, (n,), 0, num_classes)
-  pred = jnp.where(jax.random.uniform(k3, (n,)) < 0.9, labels, guess)
-  correct = pred == labels
-  conf = jnp.where(correct, jax.random.uniform(k4, (n,), minval=0.8, maxval=1.0),
-                   jax.random.uniform(k5, (n,), minval=0.5, maxval=0.7))
-  return conf, correct
+@functools.partial(jax.jit, static_argnames=("num_seeds", "num_samples"))
+def _draw_all(root: jax.Array, *, num_seeds: int, num_samples: int):
+  """Every case's [S, n] predictions in one compiled call (vmap over cases and seeds)."""
+  def seeds(key):
+    return jax.random.split(key, num_seeds)
+
+  models = synthetic.sample_models(root, num_seeds=num_seeds, num_samples=num_samples)
+  base = jax.vmap(lambda k: synthetic.calibrated(k, num_samples=num_samples))(
+      seeds(jax.random.fold_in(root, 100)))
+
+  def noisy(key, rate):
+    return jax.vmap(lambda k, s: synthetic.with_label_noise(k, s, rate=rate))(seeds(key), base)
+
+  def imbalanced(key, share):
+    return jax.vmap(lambda k: synthetic.imbalanced(
+        k, class0_share=share, minority_p_correct=0.5, num_samples=num_samples))(seeds(key))
+
+  def shifted(shift):
+    return jax.vmap(lambda s: synthetic.with_confidence_shift(s, shift=shift))(base)
+
+  grids = [jnp.array(grid, jnp.float32) for _, _, grid, _ in STRESS_TESTS]
+  keys = [jax.vmap(lambda i, o=offset: jax.random.fold_in(root, o + i))(jnp.arange(len(g)))
+          for offset, g in zip((200, 300), grids)]
+  groups = [models, jax.vmap(noisy)(keys[0], grids[0]), jax.vmap(imbalanced)(keys[1], grids[1]),
+            jax.vmap(shifted)(grids[2])]
+  return (jnp.concatenate([g.confidences for g in groups]),
+          jnp.concatenate([g.correct for g in groups]))
+
+
+def build_cases(seed: int, num_seeds: int, num_samples: int) -> tuple[list[dict[str, Any]], jax.Array, jax.Array]:
+  """The demo's cases (group, name, parameter) and their [cases, S, n] confidences and correct."""
+  cases = [dict(group="model", name=m, parameter=None) for m in synthetic.MODELS]
+  names = {"label_noise": "noise {:g}", "class_imbalance": "class-0 share {:g}",
+           "confidence_shift": "shift {:+g}"}
+  for group, _, grid, _ in STRESS_TESTS:
+    cases += [dict(group=group, name=names[group].format(v), parameter=v) for v in grid]
+  confidences, correct = _draw_all(jax.random.key(seed), num_seeds=num_seeds, num_samples=num_samples)
+  return cases, confidences, correct
+
+
+def _tau_index(thresholds: np.ndarray, tau: float) -> int:
+  return int(np.argmin(np.abs(np.asarray(thresholds, np.float64) - tau)))
+
+
+def _case_summary(metrics: dict[str, Any], c: int) -> dict[str, Any]:
+  """Mean / std over seeds of case ``c`` of the stacked metrics."""
+  one = {"n": metrics["n"]}
+  for key, value in metrics.items():
+    if key == "n":
+      continue
+    if isinstance(value, dict):
+      one[key] = {k: (v if k == "thresholds" else v[c]) for k, v in value.items()}
+    else:
+      one[key] = value[c]
+  return _report.summarize(one)
+
+
+def _summary_row(name: str, s: dict[str, Any], thresholds: np.ndarray, *,
+                 with_std: bool = True) -> list[str]:
+  def cell(mean, std):
+    return _report.fmt_pm(mean, std) if with_std else _report.fmt(mean)
+
+  row = [name]
+  for key in ("accuracy", "ece", "aurc", "augrc"):
+    row.append(cell(s[key]["mean"], s[key]["std"]))
+  for tau in SUMMARY_TAUS:
+    i = _tau_index(thresholds, tau)
+    for field in ("cwsa", "cwsa_plus"):
+      row.append(cell(s["sweep"][field]["mean"][i], s["sweep"][field]["std"][i]))
+  if with_std:
+    row.append(cell(s["aumcc"]["cwsa"]["mean"], s["aumcc"]["cwsa"]["std"]))
+  return row
+
+
+def _summary_headers(with_aumcc: bool = True) -> list[str]:
+  headers = ["model", "accuracy", "ECE", "AURC", "AUGRC"]
+  for tau in SUMMARY_TAUS:
+    headers += [f"CWSA@{tau:g}", f"CWSA+@{tau:g}"]
+  return headers + (["AUMCC(CWSA)"] if with_aumcc else [])
+
+
+def _stress_rows(group_cases, summaries, thresholds) -> list[list[str]]:
+  rows = []
+  i9 = _tau_index(thresholds, 0.9)
+  i5 = _tau_index(thresholds, 0.5)
+  for case, s in zip(group_cases, summaries):
+    sw = s["sweep"]
+    rows.append([f"{case['parameter']:g}",
+                 _report.fmt(s["accuracy"]["mean"]), _report.fmt(s["ece"]["mean"]),
+                 _report.fmt(s["aurc"]["mean"]),
+                 _report.fmt_pm(sw["cwsa"]["mean"][i5], sw["cwsa"]["std"][i5]),
+                 _report.fmt_pm(sw["cwsa"]["mean"][i9], sw["cwsa"]["std"][i9]),
+                 _report.fmt(sw["coverage"]["mean"][i9]),
+                 _report.fmt(sw["selective_accuracy"]["mean"][i9])])
+  return rows
+
+
+_STRESS_HEADERS = ("accuracy", "ECE", "AURC", "CWSA@0.5", "CWSA@0.9", "coverage@0.9", "sel. acc.@0.9")
+
+
+def _figures(out, cases, conf, ok, metrics, settings) -> list[tuple[str, str]]:
+  figures = []
+  models = [i for i, c in enumerate(cases) if c["group"] == "model"]
+  sweeps = {cases[i]["name"]: {k: v[i] for k, v in metrics["sweep"].items() if k != "thresholds"}
+            | {"thresholds": metrics["sweep"]["thresholds"]} for i in models}
+  fig = plots.compare_models(sweeps, title=f"Paper's synthetic models: mean ± 1 std over "
+                             f"{metrics['sweep']['cwsa'].shape[1]} seeds")
+  plots.save(fig, out / "comparison.png")
+  figures.append(("comparison.png", "Selective accuracy, CWSA, CWSA+ and coverage vs. threshold, "
+                  "one line per model (mean ± 1 std over seeds)."))
+  for name, result in sweeps.items():
+    fig = plots.threshold_curves(result, title=f"{name} model: metrics vs. threshold (mean ± 1 std)")
+    plots.save(fig, out / f"curves_{name}.png")
+    figures.append((f"curves_{name}.png", f"The {name} model (as in the paper's figures)."))
+  # Reliability and risk-coverage of seed 0 of each model, computed as one batch.
+  conf0 = np.asarray(conf)[models, 0]
+  ok0 = np.asarray(ok)[models, 0]
+  bins = calibration_bins(conf0, ok0, num_bins=settings.num_bins, binning=settings.binning)
+  curves = risk_coverage_curve(conf0, ok0)
+  fig = Figure(figsize=(16.0, 4.8), layout="constrained")
+  subfigs = fig.subfigures(1, len(models))
+  for j, (i, sub) in enumerate(zip(models, subfigs)):
+    one = type(bins)(*(np.asarray(x)[j] for x in bins))
+    plots.reliability_diagram(one, title=f"{cases[i]['name']} (ECE {float(metrics['ece'][i, 0]):.3f})",
+                              figure=sub, legend=False)
+  handles, labels = subfigs[0].axes[0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), frameon=False)
+  fig.suptitle("Reliability diagrams (seed 0): per-bin accuracy vs. confidence, sample counts below")
+  plots.save(fig, out / "reliability.png")
+  figures.append(("reliability.png", "Reliability diagrams of seed 0, 15 equal-width bins."))
+  curve_map = {cases[i]["name"]: type(curves)(*(np.asarray(x)[j] for x in curves))
+               for j, i in enumerate(models)}
+  labels = {cases[i]["name"]: f"{cases[i]['name']} (AURC {float(metrics['aurc'][i, 0]):.3f})"
+            for i in models}
+  fig = plots.risk_coverage(curve_map, title="Risk-coverage curves (seed 0)", labels=labels)
+  plots.save(fig, out / "risk_coverage.png")
+  figures.append(("risk_coverage.png", "Selective and generalized risk vs. coverage (seed 0)."))
+  fig = Figure(figsize=(16.0, 4.4), layout="constrained")
+  axes = fig.subplots(1, len(STRESS_TESTS))
+  i5 = _tau_index(metrics["sweep"]["thresholds"], 0.5)
+  i9 = _tau_index(metrics["sweep"]["thresholds"], 0.9)
+  for ax, (group, xlabel, grid, _) in zip(axes, STRESS_TESTS):
+    idx = [i for i, c in enumerate(cases) if c["group"] == group]
+    series = {
+        "accuracy": metrics["accuracy"][idx].T,
+        "ECE": metrics["ece"][idx].T,
+        "AURC": metrics["aurc"][idx].T,
+        "CWSA@0.5": metrics["sweep"]["cwsa"][idx, :, i5].T,
+        "CWSA@0.9": metrics["sweep"]["cwsa"][idx, :, i9].T,
+    }
+    plots.stress_test(grid, series, xlabel=xlabel, ax=ax,
+                      title=group.replace("_", " ").capitalize())
+  fig.suptitle("Stress tests on the calibrated model (mean ± 1 std over seeds)")
+  plots.save(fig, out / "stress_tests.png")
+  figures.append(("stress_tests.png", "Metrics of the calibrated model under label noise, "
+                  "class imbalance and confidence shift."))
+  return figures
 
 
 def run(args: argparse.Namespace) -> int:
-  conf, correct = _calibrated(jax.random.key(args.seed), args.n)
-  thresholds = jnp.round(jnp.arange(50) * 0.01 + 0.5, 2).astype(jnp.float32)
-  r = sweep(conf, correct, thresholds)
-  print(f"Synthetic calibrated model (n={args.n}, seed={args.seed}): threshold sweep")
-  print(f"{'tau':>5} {'coverage':>9} {'sel.acc':>8} {'CWSA':>8} {'CWSA+':>8}")
-  for row in np.stack([r.thresholds, r.coverage, r.selective_accuracy, r.cwsa, r.cwsa_plus], 1)[::5]:
-    print(f"{row[0]:5.2f} {row[1]:9.4f} {row[2]:8.4f} {row[3]:8.4f} {row[4]:8.4f}")
+  if args.seeds < 1:
+    raise UserError(f"--seeds must be >= 1, got {args.seeds}")
+  if args.n < 2:
+    raise UserError(f"--n must be >= 2, got {args.n}")
+  explicit = args.out is not None
+  out = args.out if explicit else _report.fresh_output_dir(DEFAULT_OUT)
+  if explicit and not args.force:
+    if Path(out).exists():
+      raise UserError(f"output directory {out} already exists (use --force to replace it, "
+                      "or omit --out for a fresh ./cwsa-demo-N)")
+  start = time.perf_counter()
+  settings = _report.Settings()
+  cases, conf, ok = build_cases(args.seed, args.seeds, args.n)
+  metrics = _report.compute_metrics(conf, ok, settings)
+  summaries = [_case_summary(metrics, i) for i in range(len(cases))]
+  thresholds = metrics["sweep"]["thresholds"]
+
+  model_idx = [i for i, c in enumerate(cases) if c["group"] == "model"]
+  summary_rows = [_summary_row(cases[i]["name"], summaries[i], thresholds) for i in model_idx]
+  print(f"cwsa-jax demo: the paper's synthetic models, n = {args.n}, mean over {args.seeds} seeds "
+        "(± std in report.md);\nCWSA as the paper defines it (divided by the retained count)\n")
+  print(_report.text_table(
+      _summary_headers(with_aumcc=False),
+      [_summary_row(cases[i]["name"], summaries[i], thresholds, with_std=False) for i in model_idx]))
+
+  with atomic_output_dir(out, force=args.force) as tmp:
+    figures = [] if args.no_figures else _figures(tmp, cases, conf, ok, metrics, settings)
+    payload = {
+        "command": "demo",
+        "config": {"seed": args.seed, "seeds": args.seeds, "n": args.n,
+                   "num_classes": synthetic.PAPER_NUM_CLASSES},
+        "settings": settings.to_json(),
+        "models": {cases[i]["name"]: {"parameters": _params_json(cases[i]["name"]),
+                                      **_report.to_json(summaries[i])} for i in model_idx},
+        "stress_tests": {
+            group: {"parameter": label, "values": list(grid),
+                    "results": [_report.to_json(summaries[i]) for i, c in enumerate(cases)
+                                if c["group"] == group]}
+            for group, label, grid, _ in STRESS_TESTS},
+    }
+    write_json_atomic(tmp / "metrics.json", payload)
+    text = _report_text(args, cases, summaries, summary_rows, settings, figures, thresholds)
+    (tmp / "report.md").write_text(text, encoding="utf-8")
+  elapsed = time.perf_counter() - start
+  print(f"\nWrote {out}/report.md, {out}/metrics.json and {len(figures)} figures "
+        f"in {elapsed:.1f} s")
   return 0
 
 
+def _params_json(model: str) -> dict[str, Any]:
+  return {k: (list(v) if isinstance(v, tuple) else v)
+          for k, v in synthetic.PAPER_PARAMETERS[model].items()}
+
+
+def _report_text(args, cases, summaries, summary_rows, settings, figures, thresholds) -> str:
+  md = _report.markdown_table
+  parts = [
+      "# cwsa-jax demo: the paper's synthetic models",
+      "",
+      f"Each model draws n = {args.n} predictions over 3 classes; every number is the mean ± "
+      f"sample standard deviation over {args.seeds} seeds (base seed {args.seed}), all drawn in "
+      "one `jax.vmap` over PRNG keys. CWSA divides by the retained count, as the paper defines it "
+      "(see *Conventions*). Regenerate with `cwsa-jax demo`.",
+      "",
+      "## The models",
+      "",
+      md(("model", "definition"), [(m, MODEL_DESCRIPTIONS[m]) for m in synthetic.MODELS], "ll"),
+      "",
+      "## Summary",
+      "",
+      md(_summary_headers(), summary_rows),
+      "",
+      "What to look for:",
+      "",
+      "- **overconfident** vs **calibrated**: nearly the same accuracy, but CWSA penalises the "
+      "confident mistakes; at τ = 0.9 the calibrated model keeps only correct predictions.",
+      "- **underconfident**: high accuracy but CWSA and CWSA+ are small (φ is at most 0.2 at "
+      "τ = 0.5) and zero above τ = 0.6, where nothing is retained.",
+      "- **random**: CWSA is negative at every threshold (two thirds of the retained predictions "
+      "are wrong); the paper's Table (random model) reports −0.110 at τ = 0.5 because its code "
+      "divides by n: coverage × CWSA.",
+      "- **perfect**: every metric saturates (CWSA = CWSA+ = 1, ECE = AURC = 0).",
+      "- **AUMCC(CWSA)** is the area under CWSA plotted against coverage over the threshold grid. "
+      "It is not normalised, so it mixes the metric's level with how much coverage the grid "
+      "sweeps: the perfect model's coverage never moves (every confidence is 1.0), so its area is "
+      "0. Compare AUMCC only between models with similar coverage ranges.",
+      "",
+  ]
+  for file, caption in figures[:1]:
+    parts += [f"![{caption}]({file})", "", f"*{caption}*", ""]
+  parts += ["## Stress tests", ""]
+  for group, label, grid, description in STRESS_TESTS:
+    idx = [i for i, c in enumerate(cases) if c["group"] == group]
+    parts += [f"### {group.replace('_', ' ').capitalize()}", "", f"{description.capitalize()}.", "",
+              md((label,) + _STRESS_HEADERS,
+                 _stress_rows([cases[i] for i in idx], [summaries[i] for i in idx], thresholds)),
+              ""]
+  if figures[1:]:
+    parts += ["## Figures", ""]
+  for file, caption in figures[1:]:
+    parts += [f"![{caption}]({file})", "", f"*{caption}*", ""]
+  parts += ["## Settings", "", md(("setting", "value"), settings.describe(), "ll"), "",
+            "## Conventions", "", _report.CONVENTIONS_NOTE]
+  return "\n".join(parts)
+
+
 def add_parser(sub) -> None:
-  p = sub.add_parser("demo", help="run the synthetic demo (no data needed)",
-                     description="Sweep CWSA, CWSA+, coverage and selective accuracy over "
-                     "thresholds for the paper's synthetic calibrated model.")
-  p.add_argument("--n", type=int, default=1000, help="samples (default 1000)")
-  p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+  p = sub.add_parser(
+      "demo", help="run the paper's synthetic models and stress tests (no data needed)",
+      description="Draw the paper's synthetic classifiers (calibrated, overconfident, "
+      "underconfident, perfect, random) and three stress tests (label noise, class imbalance, "
+      "confidence shift) for many seeds at once, print a summary table and write report.md, "
+      "metrics.json and figures.")
+  p.add_argument("--out", metavar="DIR",
+                 help=f"output directory (default ./{DEFAULT_OUT}, or {DEFAULT_OUT}-2, -3, ... "
+                 "when it exists)")
+  p.add_argument("--force", action="store_true", help="replace an existing --out directory")
+  p.add_argument("--seeds", type=int, default=100, help="seeds per case (default 100)")
+  p.add_argument("--n", type=int, default=synthetic.PAPER_NUM_SAMPLES,
+                 help="samples per model (default 1000, as in the paper)")
+  p.add_argument("--seed", type=int, default=0, help="base random seed (default 0)")
+  p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
   p.set_defaults(func=run)

@@ -62,8 +62,8 @@ DATA_DIR_ENV = "CWSA_JAX_DATA_DIR"
 CACHE_ENV = "CWSA_JAX_CACHE"
 
 # Per-channel mean and std of pixel/255 on the training split. MNIST: the
-# usual constants. CIFAR-10: the original binary release (the JPEG copy in
-# shared/data differs in the third decimal: 0.4913/0.4821/0.4465 and
+# usual constants. CIFAR-10: the original binary release (the common JPEG
+# re-encoding differs in the third decimal: 0.4913/0.4821/0.4465 and
 # 0.2452/0.2428/0.2606).
 NORMALIZATION = {
     "mnist": ((0.1307,), (0.3081,)),
@@ -170,7 +170,7 @@ def load_dataset(
 
   Usage::
 
-    ds = load_dataset("mnist", data_dir="../shared/data")     # local IDX files
+    ds = load_dataset("mnist", data_dir="data")               # data/mnist/*.gz IDX files
     ds = load_dataset("cifar10", data_dir="cifar10-jpg.tar.gz")
     ds = load_dataset("cifar10")                               # tensorflow-datasets
 

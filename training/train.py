@@ -45,7 +45,9 @@ def create_model(config: TrainConfig, num_classes: int) -> nnx.Module:
   if config.model == "mnist_cnn":
     return models.MnistCNN(num_classes=num_classes, rngs=rngs)
   if config.model == "cifar10_cnn":
-    return models.Cifar10CNN(num_classes=num_classes, rngs=rngs)
+    sizes = {k: tuple(v) for k, v in (("widths", config.widths),
+                                      ("convs_per_block", config.convs_per_block)) if v is not None}
+    return models.Cifar10CNN(num_classes=num_classes, rngs=rngs, **sizes)
   raise ValueError(f"unknown model {config.model!r}; valid models: mnist_cnn, cifar10_cnn")
 
 
@@ -301,6 +303,7 @@ def train_and_evaluate(config: TrainConfig, workdir: str | os.PathLike, dataset:
         shown = step
     if shown < step:
       bar.update(step - shown)
+      shown = step
     loss_sum, correct_sum = float(loss_sum), int(correct_sum)
     epoch += 1
     history.append({"epoch": epoch, "step": step, "train_loss": loss_sum / max(seen, 1),

@@ -1,0 +1,131 @@
+"""``cwsa-jax evaluate FILE``: every metric of a model's saved predictions, with a report."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from cwsa_jax import _io
+from cwsa_jax import _report
+from cwsa_jax._cli_util import UserError, atomic_output_dir, write_json_atomic
+
+DEFAULT_OUT = "cwsa-evaluate"
+_NORMS = ("l1", "l2", "max")
+_BINNINGS = ("width", "mass")
+_CONVENTIONS = ("step", "trapezoid", "published_code")
+_NORMALIZE = ("retained", "all")
+
+# --published-code: the paper's code (grid, ECE bins, AURC recipe, CWSA divided by n).
+_PUBLISHED = dict(thresholds="linspace:0.5:0.99:20", bins=10, aurc="published_code", normalize="all")
+_DEFAULTS = dict(thresholds="0.5:0.99:0.01", bins=15, aurc="step", normalize="retained")
+
+
+def settings_from_args(args: argparse.Namespace) -> _report.Settings:
+  base = _PUBLISHED if args.published_code else _DEFAULTS
+  pick = lambda name: getattr(args, name) if getattr(args, name) is not None else base[name]  # noqa: E731
+  bins = pick("bins")
+  if bins < 1:
+    raise UserError(f"--bins must be >= 1, got {bins}")
+  thresholds = _report.parse_thresholds(pick("thresholds"))
+  return _report.Settings(
+      thresholds=tuple(float(t) for t in thresholds),
+      num_bins=bins,
+      binning=args.binning,
+      ece_norm=args.ece_norm,
+      aurc_convention=pick("aurc"),
+      normalize=pick("normalize"),
+      aumcc_axis=args.aumcc_axis,
+  )
+
+
+def _scoring_rules(loaded: _io.LoadedPredictions) -> dict:
+  """Brier score and NLL when the file holds full probability vectors or logits."""
+  if loaded.scores is None:
+    return {}
+  from cwsa_jax._scoring import brier_score, nll  # noqa: PLC0415
+  scores = loaded.scores
+  if not loaded.from_logits:
+    scores = scores / scores.sum(axis=1, keepdims=True)  # rows are within 1e-3 of 1: renormalise
+  return {"brier": np.asarray(brier_score(scores, loaded.labels, from_logits=loaded.from_logits)),
+          "nll": np.asarray(nll(scores, loaded.labels, from_logits=loaded.from_logits))}
+
+
+def run(args: argparse.Namespace) -> int:
+  settings = settings_from_args(args)
+  # Read and check everything before touching the output directory.
+  loaded = _io.load_predictions(args.file, labels_path=args.labels, scores=args.scores)
+  out = args.out if args.out is not None else _report.fresh_output_dir(DEFAULT_OUT)
+  if args.out is not None and not args.force and Path(out).exists():
+    raise UserError(f"output directory {out} already exists (use --force to replace it)")
+  metrics = _report.compute_metrics(loaded.confidences, loaded.correct, settings)
+  metrics.update(_scoring_rules(loaded))
+  name = Path(args.file).name
+  with atomic_output_dir(out, force=args.force) as tmp:
+    figures = [] if args.no_figures else _report.write_model_figures(
+        tmp, loaded.confidences, loaded.correct, metrics, settings, name=name)
+    payload = {"command": "evaluate", "file": str(args.file), "source": loaded.source,
+               "settings": settings.to_json(), **_report.to_json(metrics)}
+    write_json_atomic(tmp / "metrics.json", payload)
+    text = _report.evaluation_report(title=f"Evaluation of {name}", source=loaded.source,
+                                     metrics=metrics, settings=settings, figures=figures,
+                                     command="cwsa-jax evaluate")
+    (tmp / "report.md").write_text(text, encoding="utf-8")
+  _print_summary(loaded, metrics, settings)
+  print(f"\nWrote {out}/report.md, {out}/metrics.json"
+        + ("" if args.no_figures else f" and {len(figures)} figures"))
+  return 0
+
+
+def _print_summary(loaded, metrics, settings) -> None:
+  print(f"{loaded.source}: n = {metrics['n']}")
+  print(_report.text_table(("metric", "value"), _report.scalar_rows(metrics)[1:]))
+  print()
+  indices = _report.selected_rows(metrics["sweep"]["thresholds"])
+  print(_report.text_table(_report.SWEEP_HEADERS, _report.sweep_rows(metrics["sweep"], indices)))
+  if settings.normalize == "all":
+    print("(CWSA divided by n: the published code's variant)")
+
+
+def add_parser(sub) -> None:
+  p = sub.add_parser(
+      "evaluate", help="evaluate saved predictions (CSV, .npz, .npy)",
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+      description="Compute CWSA, CWSA+, coverage and selective accuracy over a threshold grid, "
+      "plus accuracy, ECE, AURC, E-AURC, AUGRC and AUMCC (and Brier / NLL when probabilities are "
+      "given) for one model's predictions; write metrics.json, report.md and figures.",
+      epilog="""input formats:
+  CSV   header with y_true,y_pred,confidence (the paper's code) or confidence,correct
+  .npz  probs [n,K] (or logits [n,K]) and labels [n] -- what `cwsa-jax train` writes --
+        or confidences [n] and correct [n]
+  .npy  probs or logits [n,K]; labels from --labels LABELS.npy
+
+--published-code uses the paper's code conventions: thresholds linspace(0.5, 0.99, 20),
+10 ECE bins, AURC 'published_code', CWSA divided by n. Explicit flags override it.""")
+  p.add_argument("file", help="predictions file (.csv, .npz or .npy)")
+  p.add_argument("--out", metavar="DIR",
+                 help="output directory (default: ./cwsa-evaluate, or cwsa-evaluate-2, ... if taken)")
+  p.add_argument("--force", action="store_true", help="replace an existing --out directory")
+  p.add_argument("--labels", metavar="FILE.npy", help="labels for a .npy scores file")
+  p.add_argument("--scores", choices=_io.SCORE_KINDS, default="auto",
+                 help="how to read a score matrix: probabilities or logits (default: auto)")
+  p.add_argument("--thresholds", metavar="SPEC",
+                 help="threshold grid: START:STOP:STEP (inclusive), linspace:START:STOP:NUM or "
+                 "a comma-separated list (default 0.5:0.99:0.01)")
+  p.add_argument("--bins", type=int, help="ECE bins (default 15)")
+  p.add_argument("--binning", choices=_BINNINGS, default="width",
+                 help="ECE bins of equal width or equal mass (default width)")
+  p.add_argument("--ece-norm", choices=_NORMS, default="l1",
+                 help="l1 = ECE, l2 = RMS calibration error, max = MCE (default l1)")
+  p.add_argument("--aurc", choices=_CONVENTIONS,
+                 help="AURC / AUGRC / E-AURC convention (default step)")
+  p.add_argument("--normalize", choices=_NORMALIZE,
+                 help="CWSA denominator: retained = |S| (the paper's definition, default), "
+                 "all = n (the paper's published code)")
+  p.add_argument("--aumcc-axis", choices=("coverage", "threshold"), default="coverage",
+                 help="x axis of the AUMCC area (default coverage)")
+  p.add_argument("--published-code", action="store_true",
+                 help="the paper's published-code conventions (see below)")
+  p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
+  p.set_defaults(func=run)

@@ -1,0 +1,373 @@
+"""The metrics dictionary, figures and ``report.md`` shared by ``demo`` and ``evaluate``.
+
+:func:`compute_metrics` evaluates every metric of the kit on (confidences,
+correct) arrays of shape [..., n] (leading axes: seeds or models), with the
+conventions in :class:`Settings`. :func:`to_json` turns one model's result
+into plain JSON (NaN becomes ``null``), :func:`summarize` turns a batch into
+mean / std. The report helpers write Markdown tables and the figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from cwsa_jax import plots
+from cwsa_jax._aumcc import aumcc
+from cwsa_jax._calibration import calibration_bins, ece
+from cwsa_jax._cli_util import UserError
+from cwsa_jax._risk_coverage import risk_coverage_curve, risk_coverage_summary
+from cwsa_jax._sweep import sweep
+
+SWEEP_FIELDS = ("thresholds", "coverage", "selective_accuracy", "cwsa", "cwsa_plus")
+AUMCC_METRICS = ("cwsa", "cwsa_plus", "selective_accuracy")
+SCALAR_FIELDS = ("accuracy", "ece", "aurc", "eaurc", "augrc")
+
+
+def default_thresholds() -> np.ndarray:
+  """0.50, 0.51, ..., 0.99 (the paper's text)."""
+  return plots.default_thresholds()
+
+
+def published_code_thresholds() -> np.ndarray:
+  """``np.linspace(0.5, 0.99, 20)``: the grid of the paper's published code."""
+  return np.linspace(0.5, 0.99, 20).astype(np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """Metric conventions (defaults: the library's; see ``evaluate --help``)."""
+  thresholds: tuple[float, ...] = tuple(float(t) for t in default_thresholds())
+  num_bins: int = 15
+  binning: str = "width"
+  ece_norm: str = "l1"
+  aurc_convention: str = "step"
+  normalize: str = "retained"
+  aumcc_axis: str = "coverage"
+
+  def to_json(self) -> dict[str, Any]:
+    return {
+        "thresholds": [round(t, 6) for t in self.thresholds],
+        "ece": {"num_bins": self.num_bins, "binning": self.binning, "norm": self.ece_norm},
+        "aurc_convention": self.aurc_convention,
+        "cwsa_normalize": self.normalize,
+        "aumcc": {"axis": self.aumcc_axis, "rule": "trapezoid", "normalized": False},
+    }
+
+  def describe(self) -> list[tuple[str, str]]:
+    """(setting, value) rows for a report."""
+    t = np.asarray(self.thresholds)
+    step = np.diff(t)
+    if t.size > 2 and np.allclose(step, step[0], atol=1e-6):
+      grid = f"{t[0]:.4g} to {t[-1]:.4g}, {t.size} points, step {step[0]:.4g}"
+    else:
+      grid = ", ".join(f"{x:.4g}" for x in t)
+    cwsa_norm = ("retained: divide by the retained count |S| (the paper's definition)"
+                 if self.normalize == "retained" else
+                 "all: divide by n (the paper's published code; equals coverage x CWSA)")
+    return [
+        ("thresholds", grid),
+        ("CWSA normalisation", cwsa_norm),
+        ("ECE", f"{self.num_bins} {'equal-width' if self.binning == 'width' else 'equal-mass'} "
+                f"bins, norm {self.ece_norm} (top-label; the last bin includes 1.0)"),
+        ("AURC / AUGRC / E-AURC", f"convention {self.aurc_convention!r}"),
+        ("AUMCC", f"trapezoid over the {self.aumcc_axis} axis of the threshold grid, not normalised"),
+    ]
+
+
+def parse_thresholds(spec: str) -> np.ndarray:
+  """Threshold grid from ``START:STOP:STEP`` (inclusive), ``linspace:START:STOP:NUM`` or ``a,b,c``.
+
+  Raises:
+    UserError: on a malformed spec or thresholds outside [0, 1).
+  """
+  text = spec.strip()
+  try:
+    if text.startswith("linspace:"):
+      start, stop, num = text[len("linspace:"):].split(":")
+      values = np.linspace(float(start), float(stop), int(num))
+    elif ":" in text:
+      start, stop, step = (float(x) for x in text.split(":"))
+      if step <= 0:
+        raise ValueError("step must be > 0")
+      count = int(math.floor((stop - start) / step + 1e-9)) + 1
+      if count < 1 or count > 100_000:
+        raise ValueError(f"{count} thresholds")
+      values = np.round(start + step * np.arange(count), 10)
+    else:
+      values = np.array([float(x) for x in text.split(",") if x.strip()], dtype=np.float64)
+  except ValueError as e:
+    raise UserError(f"--thresholds {spec!r}: expected START:STOP:STEP, linspace:START:STOP:NUM "
+                    f"or a comma-separated list ({e})") from None
+  if values.size < 1:
+    raise UserError(f"--thresholds {spec!r}: no thresholds")
+  if not np.all(np.isfinite(values)) or values.min() < 0 or values.max() >= 1:
+    raise UserError(f"--thresholds {spec!r}: thresholds must lie in [0, 1)")
+  return np.unique(values.astype(np.float32))
+
+
+# --------------------------------------------------------------------------
+# Metrics
+# --------------------------------------------------------------------------
+
+
+def compute_metrics(confidences: Any, correct: Any, settings: Settings) -> dict[str, Any]:
+  """Every metric of the kit on [..., n] inputs.
+
+  Returns:
+    dict with ``n`` (int), the scalar metrics ``accuracy``, ``ece``, ``aurc``,
+    ``eaurc``, ``augrc`` (NumPy [...]), ``aumcc`` (dict metric -> [...]) and
+    ``sweep`` (dict of the sweep fields, [..., T]).
+  """
+  c = jnp.asarray(confidences, jnp.float32)
+  ok = jnp.asarray(correct, jnp.bool_)
+  thresholds = np.asarray(settings.thresholds, np.float32)
+  result = sweep(c, ok, thresholds, normalize=settings.normalize)
+  summary = risk_coverage_summary(c, ok, convention=settings.aurc_convention)
+  out: dict[str, Any] = {
+      "n": int(c.shape[-1]),
+      "accuracy": np.asarray(ok).mean(axis=-1, dtype=np.float64).astype(np.float32),
+      "ece": np.asarray(ece(c, ok, num_bins=settings.num_bins, norm=settings.ece_norm,
+                            binning=settings.binning)),
+      "aurc": np.asarray(summary.aurc),
+      "eaurc": np.asarray(summary.eaurc),
+      "augrc": np.asarray(summary.augrc),
+  }
+  if thresholds.size >= 2:
+    out["aumcc"] = {m: np.asarray(aumcc(c, ok, thresholds, metric=m, axis=settings.aumcc_axis,
+                                        normalize=settings.normalize))
+                    for m in AUMCC_METRICS}
+  else:
+    nan = np.full(c.shape[:-1], np.nan, np.float32)
+    out["aumcc"] = {m: nan for m in AUMCC_METRICS}
+  out["sweep"] = {
+      "thresholds": thresholds,
+      "coverage": np.asarray(result.coverage),
+      "selective_accuracy": np.asarray(result.selective_accuracy),
+      "cwsa": np.asarray(result.cwsa),
+      "cwsa_plus": np.asarray(result.cwsa_plus),
+  }
+  return out
+
+
+def _json_value(x: Any) -> Any:
+  if isinstance(x, Mapping):
+    return {k: _json_value(v) for k, v in x.items()}
+  arr = np.asarray(x)
+  if arr.ndim == 0:
+    v = arr.item()
+    if isinstance(v, float):
+      return None if not math.isfinite(v) else round(v, 8)
+    return v
+  return [_json_value(v) for v in arr]
+
+
+def to_json(metrics: Mapping[str, Any]) -> dict[str, Any]:
+  """One model's metrics as plain JSON (floats rounded to 8 digits, NaN -> null)."""
+  return _json_value(metrics)
+
+
+def _nan_stats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  values = np.asarray(values, np.float64)
+  finite = np.isfinite(values)
+  count = finite.sum(axis=0)
+  total = np.where(finite, values, 0.0).sum(axis=0)
+  mean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+  sq = np.where(finite, (values - mean) ** 2, 0.0).sum(axis=0)
+  std = np.where(count > 1, np.sqrt(sq / np.maximum(count - 1, 1)), np.where(count == 1, 0.0, np.nan))
+  return mean, std
+
+
+def summarize(metrics: Mapping[str, Any]) -> dict[str, Any]:
+  """Mean and sample std over the leading (seed) axis, ignoring NaN.
+
+  Every array ``x`` of shape [S, ...] becomes ``{"mean": [...], "std": [...]}``;
+  ``n`` and the thresholds are kept as they are.
+  """
+  out: dict[str, Any] = {}
+  for key, value in metrics.items():
+    if key == "n":
+      out[key] = value
+    elif isinstance(value, Mapping):
+      out[key] = {k: (np.asarray(v) if k == "thresholds" else _pair(v)) for k, v in value.items()}
+    else:
+      out[key] = _pair(value)
+  return out
+
+
+def _pair(values: Any) -> dict[str, np.ndarray]:
+  mean, std = _nan_stats(values)
+  return {"mean": mean, "std": std}
+
+
+# --------------------------------------------------------------------------
+# Formatting
+# --------------------------------------------------------------------------
+
+
+def fmt(x: Any, digits: int = 4) -> str:
+  """A number with ``digits`` decimals; NaN / None as an em dash."""
+  if x is None:
+    return "—"
+  v = float(x)
+  if not math.isfinite(v):
+    return "—"
+  return f"{v:.{digits}f}"
+
+
+def fmt_pm(mean: Any, std: Any, digits: int = 4) -> str:
+  """``mean ± std``."""
+  if mean is None or not math.isfinite(float(mean)):
+    return "—"
+  return f"{float(mean):.{digits}f} ± {float(std):.{digits}f}"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]],
+                   align: str | None = None) -> str:
+  """A GitHub-flavoured Markdown table; ``align`` is one of l/r/c per column."""
+  align = align or "l" + "r" * (len(headers) - 1)
+  marks = {"l": ":---", "r": "---:", "c": ":---:"}
+  lines = ["| " + " | ".join(headers) + " |",
+           "| " + " | ".join(marks[a] for a in align) + " |"]
+  lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+  """A plain-text table for the terminal (first column left-aligned)."""
+  cells = [list(map(str, headers))] + [list(map(str, r)) for r in rows]
+  widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
+  def line(r):
+    return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+  return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
+
+
+def selected_rows(thresholds: np.ndarray, max_rows: int = 12) -> list[int]:
+  """Indices of a readable subset of the grid: every 0.05 plus the last point."""
+  t = np.asarray(thresholds, np.float64)
+  if t.size <= max_rows:
+    return list(range(t.size))
+  marks = np.arange(0.5, 1.0, 0.05)
+  picked = {int(np.argmin(np.abs(t - m))) for m in marks if t.min() - 0.01 <= m <= t.max() + 0.01}
+  picked.add(t.size - 1)
+  picked.add(0)
+  return sorted(picked)
+
+
+def fresh_output_dir(base: str) -> Path:
+  """``base`` if it does not exist, else ``base-2``, ``base-3``, ... (for default output dirs)."""
+  path = Path(base)
+  if not path.exists():
+    return path
+  for i in range(2, 10_000):
+    candidate = path.with_name(f"{path.name}-{i}")
+    if not candidate.exists():
+      return candidate
+  raise UserError(f"too many earlier outputs named {base}-N; pass --out DIR")
+
+
+# --------------------------------------------------------------------------
+# One model: figures and report
+# --------------------------------------------------------------------------
+
+
+def write_model_figures(out_dir: Path, confidences: Any, correct: Any, metrics: Mapping[str, Any],
+                        settings: Settings, *, name: str) -> list[tuple[str, str]]:
+  """threshold_curves.png, reliability_diagram.png, risk_coverage.png; returns (file, caption)."""
+  figures = []
+  sweep_fields = metrics["sweep"]
+  cwsa_label = "CWSA" if settings.normalize == "retained" else "CWSA ÷ n (published code)"
+  fig = plots.threshold_curves(sweep_fields, title=f"{name}: selective metrics vs. threshold",
+                               labels={"cwsa": cwsa_label})
+  plots.save(fig, out_dir / "threshold_curves.png")
+  figures.append(("threshold_curves.png", "Selective accuracy, CWSA, CWSA+ and coverage vs. threshold."))
+  bins = calibration_bins(confidences, correct, num_bins=settings.num_bins, binning=settings.binning)
+  fig = plots.reliability_diagram(bins, title=f"{name}: reliability diagram",
+                                  ece=float(np.asarray(metrics["ece"])))
+  plots.save(fig, out_dir / "reliability_diagram.png")
+  figures.append(("reliability_diagram.png", "Reliability diagram with the sample count per bin."))
+  curve = risk_coverage_curve(confidences, correct)
+  label = (f"{name} (AURC {fmt(np.asarray(metrics['aurc']))}, "
+           f"AUGRC {fmt(np.asarray(metrics['augrc']))})")
+  fig = plots.risk_coverage({name: curve}, title=f"{name}: risk-coverage curves",
+                            labels={name: label})
+  plots.save(fig, out_dir / "risk_coverage.png")
+  figures.append(("risk_coverage.png", "Selective risk and generalized risk vs. coverage."))
+  return figures
+
+
+CONVENTIONS_NOTE = """\
+- **CWSA** at threshold τ averages φ(c) = (c − τ)/(1 − τ) times +1 (correct) or −1 (wrong) over
+  the retained set S = {c ≥ τ}, divided by |S| as the paper defines it (0 when S is empty).
+  The paper's published code divides by n instead, so its CWSA equals coverage × CWSA; use
+  `--normalize all` to get that variant. CWSA+ rewards correct predictions only and divides by |S|
+  in both.
+- **Selective accuracy** is undefined (shown as —, `null` in JSON) where nothing is retained.
+- **ECE** uses top-label confidence; the last bin is closed, so a confidence of exactly 1.0 counts
+  (the published code drops it).
+- **AURC** conventions: `step` is the exact area under the tie-grouped empirical curve;
+  `trapezoid` joins the tie-group points; `published_code` reproduces the paper's code
+  (trapezoid over coverage 1/n..1, no tie grouping). E-AURC subtracts the best AURC any ranking
+  of the same outcomes reaches under the same convention. AUGRC (Traub et al., 2024) uses
+  errors accepted / n.
+- **AUMCC** is the trapezoid area under the metric-coverage curve of the threshold grid
+  (coverage on the x axis; not normalised; thresholds that retain nothing are left out).
+"""
+
+
+def scalar_rows(metrics: Mapping[str, Any]) -> list[tuple[str, str]]:
+  """(metric, value) rows for one model."""
+  rows = [("samples (n)", str(metrics["n"]))]
+  rows += [(plots.METRIC_LABELS.get(k, k), fmt(np.asarray(metrics[k]))) for k in SCALAR_FIELDS]
+  for m in AUMCC_METRICS:
+    rows.append((f"AUMCC ({plots.METRIC_LABELS[m]})", fmt(np.asarray(metrics["aumcc"][m]))))
+  for extra in ("brier", "nll"):
+    if extra in metrics:
+      rows.append(({"brier": "Brier score", "nll": "NLL"}[extra], fmt(np.asarray(metrics[extra]))))
+  return rows
+
+
+def sweep_rows(sweep_fields: Mapping[str, Any], indices: Sequence[int] | None = None) -> list[list[str]]:
+  t = np.asarray(sweep_fields["thresholds"])
+  indices = range(t.size) if indices is None else indices
+  return [[f"{t[i]:.4g}", fmt(sweep_fields["coverage"][i]), fmt(sweep_fields["selective_accuracy"][i]),
+           fmt(sweep_fields["cwsa"][i]), fmt(sweep_fields["cwsa_plus"][i])] for i in indices]
+
+
+SWEEP_HEADERS = ("τ", "coverage", "sel. accuracy", "CWSA", "CWSA+")
+
+
+def evaluation_report(*, title: str, source: str, metrics: Mapping[str, Any], settings: Settings,
+                      figures: Sequence[tuple[str, str]], command: str) -> str:
+  """Markdown for one evaluated model."""
+  sweep_fields = metrics["sweep"]
+  parts = [
+      f"# {title}",
+      "",
+      f"Predictions: `{source}`. Generated by `{command}`.",
+      "",
+      "## Summary",
+      "",
+      markdown_table(("metric", "value"), scalar_rows(metrics)),
+      "",
+      "## Threshold sweep",
+      "",
+      markdown_table(SWEEP_HEADERS, sweep_rows(sweep_fields)),
+      "",
+      "The full sweep is in `metrics.json` (`sweep`).",
+      "",
+  ]
+  if figures:
+    parts += ["## Figures", ""]
+    for file, caption in figures:
+      parts += [f"![{caption}]({file})", "", f"*{caption}*", ""]
+  parts += ["## Settings", "", markdown_table(("setting", "value"), settings.describe(), "ll"), "",
+            "## Conventions", "", CONVENTIONS_NOTE]
+  return "\n".join(parts)
