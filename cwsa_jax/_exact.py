@@ -15,8 +15,10 @@ Instead every value ``x`` in [0, 1] is written as base-256 digits
 
 which is exact for ``1 - c`` with three digits (for a float32 ``c`` the value
 ``1 - c`` is a multiple of 2^-24) and truncates below 2^-32 with four digits.
-The digits are summed as int32 in chunks of at most 2^20 samples (so a chunk
-sum stays below 2^28) and carried between chunks as a (high, low) pair of
+The digits (base 256, or base 4096 for ``1 - c`` in the binary layout) are
+summed as int32 in chunks of 2^16 samples (so a chunk sum stays below 2^28;
+small chunks also keep their buffers in the L2 cache) and carried between
+chunks as a (high, low) pair of
 int32 with base 2^12. Every sum is therefore an exact integer until the last
 step, where it is converted to float32 once (relative error <= 2^-23).
 
@@ -34,7 +36,7 @@ import jax.numpy as jnp
 _DIGIT_BASE = 256.0
 _CARRY_BITS = 12
 _CARRY_MASK = (1 << _CARRY_BITS) - 1
-CHUNK_SIZE = 1 << 20
+CHUNK_SIZE = 1 << 16  # 4096 * CHUNK_SIZE < 2^31; measured 4x faster at n = 1e6 than 2^20
 
 
 def digits(x: jax.Array, num_digits: int) -> list[jax.Array]:
@@ -83,12 +85,12 @@ def segment_sums(
 
   Args:
     columns_fn: maps chunks of ``arrays`` (each [C]) to ``(segment_ids [C]
-      int32, columns [K, C] int32)`` with every column entry in [0, 256].
+      int32, columns [K, C] int32)`` with every column entry in [0, 4096].
       (Columns are built feature-major, [K, C]: on CPU, stacking K arrays along
       a new last axis is several times slower than along a new first one.)
     arrays: 1-D arrays of equal length n (the samples).
     num_segments: static number of segments.
-    chunk_size: samples per chunk; 256 * chunk_size must stay below 2^31.
+    chunk_size: samples per chunk; 4096 * chunk_size must stay below 2^31.
 
   Returns:
     ``(hi, lo)``, int32 arrays [num_segments, K] with the exact sums

@@ -32,13 +32,16 @@ from cwsa_jax._sweep import _check_samples
 def _metrics_1d(confidences, correct, tau):
   n = confidences.shape[0]
 
-  def columns_fn(c, kappa):
-    retained = (c >= tau).astype(jnp.int32)
-    return retained, _stats.columns(c, kappa)
+  graded = correct.dtype != jnp.bool_
 
-  hi, lo = _exact.segment_sums(columns_fn, [confidences, correct], 2)
-  values = _exact.to_float(hi[1], lo[1])
-  sums = _stats.sums_from_columns(values, correct.dtype != jnp.bool_)
+  def columns_fn(c, kappa):
+    return _stats.segment_columns(c, kappa, (c >= tau).astype(jnp.int32))
+
+  per_bucket = _stats.segments_per_bucket(graded)
+  hi, lo = _exact.segment_sums(columns_fn, [confidences, correct], 2 * per_bucket)
+  # Segments of the retained bucket (1), as [per_bucket * K].
+  values = _exact.to_float(hi[per_bucket:].reshape(-1), lo[per_bucket:].reshape(-1))
+  sums = _stats.sums_from_columns(values, graded)
   metrics = _stats.metrics_from_sums(sums, tau, n)
   bad = _stats.invalid_inputs(confidences, correct) | ~((tau >= 0) & (tau < 1))
   return _stats.Metrics(*[jnp.where(bad, jnp.nan, m) for m in metrics])

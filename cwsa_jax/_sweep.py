@@ -63,8 +63,14 @@ def bucketize(confidences: jax.Array, sorted_thresholds: jax.Array, first: jax.A
   """
   num_thresholds = sorted_thresholds.shape[0]
   cell = _cell(confidences, first.shape[0])
-  start = first[cell]
-  end = start + counts[cell]
+  if num_thresholds < (1 << 15):
+    # One gather instead of two: first and count packed in 15 + 16 bits.
+    packed = (first << 16) | counts
+    entry = packed[cell]
+    start, end = entry >> 16, (entry >> 16) + (entry & 0xFFFF)
+  else:
+    start = first[cell]
+    end = start + counts[cell]
   num_steps = 32 - jax.lax.clz(max_per_cell)
 
   def step(i, k):
@@ -88,9 +94,12 @@ def _sweep_1d(confidences, correct, thresholds):
 
   def columns_fn(c, kappa):
     bucket = bucketize(jnp.clip(c, 0.0, 1.0), sorted_thresholds, first, counts, max_per_cell)
-    return bucket, _stats.columns(c, kappa)
+    return _stats.segment_columns(c, kappa, bucket)
 
-  hi, lo = _exact.segment_sums(columns_fn, [confidences, correct], num_thresholds + 1)
+  per_bucket = _stats.segments_per_bucket(graded)
+  hi, lo = _exact.segment_sums(columns_fn, [confidences, correct], per_bucket * (num_thresholds + 1))
+  # [buckets * per_bucket, K] -> [buckets, per_bucket * K]; then sums over buckets >= b.
+  hi, lo = (x.reshape(num_thresholds + 1, -1) for x in (hi, lo))
   hi, lo = _exact.suffix_sums(hi, lo)
   # Threshold j (sorted) retains the buckets j + 1, ..., T.
   values = _exact.to_float(hi[1:], lo[1:])
