@@ -14,6 +14,11 @@ from cwsa_jax._calibration import ece
 from cwsa_jax._confidence import Predictions
 from cwsa_jax._confidence import confidences_from_logits
 from cwsa_jax._confidence import confidences_from_probs
+from cwsa_jax._decompose import Contributions
+from cwsa_jax._decompose import contributions
+from cwsa_jax._decompose import most_damaging
+from cwsa_jax._groups import group_gap
+from cwsa_jax._groups import sweep_by_group
 from cwsa_jax._risk_coverage import RiskCoverageCurve
 from cwsa_jax._risk_coverage import RiskCoverageSummary
 from cwsa_jax._risk_coverage import aurc
@@ -25,6 +30,8 @@ from cwsa_jax._risk_coverage import risk_coverage_curve
 from cwsa_jax._risk_coverage import risk_coverage_summary
 from cwsa_jax._scoring import brier_score
 from cwsa_jax._scoring import nll
+from cwsa_jax._select import ThresholdChoice
+from cwsa_jax._select import select_threshold
 from cwsa_jax._selective import coverage
 from cwsa_jax._selective import cwsa
 from cwsa_jax._selective import cwsa_plus
@@ -36,10 +43,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CalibrationBins",
+    "Contributions",
     "Predictions",
     "RiskCoverageCurve",
     "RiskCoverageSummary",
     "SweepResult",
+    "ThresholdChoice",
     "aumcc",
     "augrc",
     "aurc",
@@ -47,16 +56,21 @@ __all__ = [
     "calibration_bins",
     "confidences_from_logits",
     "confidences_from_probs",
+    "contributions",
     "coverage",
     "coverage_at_risk",
     "cwsa",
     "cwsa_plus",
     "eaurc",
     "ece",
+    "group_gap",
+    "most_damaging",
     "nll",
     "risk_at_coverage",
     "risk_coverage_curve",
     "risk_coverage_summary",
+    "select_threshold",
     "selective_accuracy",
     "sweep",
+    "sweep_by_group",
 ]

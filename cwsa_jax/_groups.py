@@ -1,0 +1,191 @@
+"""Subgroup analysis: the fused threshold sweep per group, in one call.
+
+Each sample is assigned the segment ``group * (T + 1) + bucket`` (times the
+correctness split of ``_stats``), so one exact segment sum over the samples
+gives every group's per-bucket statistics; a reverse cumulative sum along the
+bucket axis of each group then gives the retained-set sums of every
+(group, threshold) pair. The cost is that of one :func:`~cwsa_jax.sweep` plus
+a segment table num_groups times larger, not num_groups passes over the data.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+
+import jax
+import jax.numpy as jnp
+
+from cwsa_jax import _exact
+from cwsa_jax import _stats
+from cwsa_jax import _sweep
+from cwsa_jax import _validation
+from cwsa_jax._sweep import SweepResult
+
+FIELDS = ("coverage", "selective_accuracy", "cwsa", "cwsa_plus")
+
+
+def _group_suffix_sums(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Exact suffix sums along axis 1 of [G, B, C] (the bucket axis), per group."""
+  return jax.vmap(_exact.suffix_sums)(hi, lo)
+
+
+@functools.partial(jax.jit, static_argnames=("num_groups",))
+def _sweep_by_group_1d(confidences, correct, groups, thresholds, *, num_groups):
+  num_thresholds = thresholds.shape[0]
+  num_buckets = num_thresholds + 1
+  graded = correct.dtype != jnp.bool_
+  order = jnp.argsort(thresholds)
+  sorted_thresholds = thresholds[order]
+  first, counts, max_per_cell = _sweep.bucket_table(sorted_thresholds,
+                                                    _sweep.num_cells(num_thresholds))
+  per_bucket = _stats.segments_per_bucket(graded)
+  num_segments = per_bucket * num_groups * num_buckets
+
+  def columns_fn(c, kappa, g):
+    bucket = _sweep.bucketize(jnp.clip(c, 0.0, 1.0), sorted_thresholds, first, counts,
+                              max_per_cell)
+    ids, cols = _stats.segment_columns(c, kappa, g * num_buckets + bucket)
+    # Inside a user's jit, out-of-range groups are dropped (and flagged below).
+    valid = (g >= 0) & (g < num_groups)
+    return jnp.where(valid, ids, num_segments), cols
+
+  hi, lo = _exact.segment_sums(columns_fn, [confidences, correct, groups], num_segments)
+  # [G * buckets * per_bucket, K] -> [G, buckets, per_bucket * K].
+  hi, lo = (x.reshape(num_groups, num_buckets, -1) for x in (hi, lo))
+  hi, lo = _group_suffix_sums(hi, lo)
+  # Bucket 0's suffix is the whole group; threshold j (sorted) retains buckets j + 1, ..., T.
+  sizes = _stats.sums_from_columns(_exact.to_float(hi[:, 0], lo[:, 0]), graded).count
+  sums = _stats.sums_from_columns(_exact.to_float(hi[:, 1:], lo[:, 1:]), graded)
+  nonempty = sizes > 0
+  safe_sizes = jnp.where(nonempty, sizes, 1.0)[:, None]
+  metrics = _stats.metrics_from_sums(sums, sorted_thresholds, 1)
+  metrics = metrics._replace(coverage=sums.count / safe_sizes)
+  inverse = jnp.zeros_like(order).at[order].set(jnp.arange(num_thresholds, dtype=order.dtype))
+  bad = (_stats.invalid_inputs(confidences, correct)
+         | jnp.any((groups < 0) | (groups >= num_groups)))
+  bad = bad | ~((thresholds >= 0) & (thresholds < 1))  # [T]
+  bad = bad[None, :] | ~nonempty[:, None]  # [G, T]
+  fields = [jnp.where(bad, jnp.nan, m[:, inverse]) for m in metrics]
+  return SweepResult(thresholds, *fields)
+
+
+def _check_num_groups(num_groups) -> int:
+  if isinstance(num_groups, bool):
+    raise ValueError(f"num_groups must be a positive int, got {num_groups!r}")
+  try:
+    value = operator.index(num_groups)
+  except TypeError:
+    raise ValueError(f"num_groups must be a positive int, got {num_groups!r}") from None
+  if value < 1:
+    raise ValueError(f"num_groups must be >= 1, got {value}")
+  return value
+
+
+def sweep_by_group(confidences, correct, groups, thresholds, *, num_groups: int,
+                   normalize: str = "retained") -> SweepResult:
+  """:func:`~cwsa_jax.sweep` computed separately for every group, in one fused call.
+
+  For group g with samples G_g and threshold tau_t, S_{g,t} = {i in G_g : c_i >= tau_t}:
+
+  .. math::
+
+    \\mathrm{coverage}_{g,t} = \\frac{|S_{g,t}|}{|G_g|}, \\quad
+    \\mathrm{CWSA}_{g,t} = \\frac{1}{|S_{g,t}|} \\sum_{S_{g,t}} \\phi_i (2\\kappa_i - 1),
+    \\quad \\mathrm{CWSA}^+_{g,t} = \\frac{1}{|S_{g,t}|} \\sum_{S_{g,t}} \\phi_i \\kappa_i ,
+
+  i.e. row g equals ``sweep(confidences[groups == g], correct[groups == g],
+  thresholds)``. A group with no samples has every field NaN (there is
+  nothing to measure; ``sweep`` would reject it), so :func:`group_gap`
+  ignores it. Within a non-empty group an empty retained set gives CWSA =
+  CWSA+ = 0 and selective accuracy NaN, as in ``sweep``.
+
+  Groups are, e.g., true classes or data slices. One jitted call, cost about
+  one ``sweep`` plus a segment table num_groups x (T + 1) long (its memory,
+  about 50 G (T + 1) bytes for bool ``correct``, is the limit for very many
+  groups and thresholds); the sums are exact as in ``sweep``.
+
+  Args:
+    confidences: [..., n] confidences in [0, 1]; leading axes are batch axes.
+    correct: [..., n] bool or 0/1, or graded correctness kappa in [0, 1].
+    groups: [..., n] integer group ids in [0, num_groups) (same shape as
+      ``confidences``; integral floats are accepted).
+    thresholds: [T] thresholds in [0, 1), any order.
+    num_groups: static number of groups G >= 1.
+    normalize: ``"retained"`` (default) or ``"all"`` (CWSA divided by the
+      group size, i.e. coverage x CWSA per group).
+
+  Returns:
+    :class:`~cwsa_jax.SweepResult` with ``thresholds`` [T] and the other
+    fields [..., G, T].
+
+  Raises:
+    ValueError: on concrete inputs with NaN, values outside [0, 1], group ids
+      out of range or non-integer, num_groups < 1, mismatched shapes, or no
+      samples. Inside a user's ``jit`` only shape checks run; invalid values
+      (including out-of-range group ids) give NaN outputs.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from cwsa_jax._groups import sweep_by_group
+    >>> r = sweep_by_group(jnp.array([0.9, 0.6, 0.8, 0.55]), jnp.array([True, False, True, True]),
+    ...                    jnp.array([0, 0, 1, 1]), jnp.array([0.5, 0.7]), num_groups=2)
+    >>> print(r.coverage.tolist(), [[round(float(x), 4) for x in row] for row in r.cwsa])
+    [[1.0, 0.5], [1.0, 0.5]] [[0.3, 0.6667], [0.35, 0.3333]]
+  """
+  _stats.check_normalize(normalize)
+  num_groups = _check_num_groups(num_groups)
+  confidences = _validation.as_float_array(confidences, "confidences")
+  correct = _validation.as_correct(correct)
+  groups = _validation.as_labels(groups, "groups", num_classes=num_groups)
+  thresholds = _validation.as_float_array(thresholds, "thresholds")
+  if thresholds.ndim != 1:
+    raise ValueError(f"thresholds must be 1-D [T], got shape {thresholds.shape}")
+  _validation.check_nonempty(thresholds, "thresholds")
+  _sweep._check_samples(confidences, correct)
+  _validation.check_same_leading_shape(confidences, groups, "confidences", "groups")
+  _validation.check_threshold(thresholds, "thresholds")
+  fn = functools.partial(_sweep_by_group_1d, num_groups=num_groups)
+  for _ in range(confidences.ndim - 1):
+    fn = jax.vmap(fn, in_axes=(0, 0, 0, None))
+  result = fn(confidences.astype(jnp.float32), correct, groups.astype(jnp.int32),
+              thresholds.astype(jnp.float32))
+  return _stats.renormalize(result, normalize)
+
+
+def group_gap(result: SweepResult, field: str = "cwsa") -> jax.Array:
+  """Gap between the best and the worst group at each threshold.
+
+  .. math::
+
+    \\mathrm{gap}_t = \\max_g m_{g,t} - \\min_g m_{g,t},
+
+  over the groups where ``m`` is not NaN (empty groups, and for selective
+  accuracy groups with nothing retained). NaN where no group has a value.
+
+  Args:
+    result: a :func:`sweep_by_group` result (fields [..., G, T]).
+    field: ``"cwsa"`` (default), ``"cwsa_plus"``, ``"selective_accuracy"`` or
+      ``"coverage"``.
+
+  Returns:
+    [..., T] array.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from cwsa_jax._groups import sweep_by_group, group_gap
+    >>> r = sweep_by_group(jnp.array([0.9, 0.6, 0.8, 0.55]), jnp.array([True, False, True, True]),
+    ...                    jnp.array([0, 0, 1, 1]), jnp.array([0.5, 0.7]), num_groups=3)
+    >>> print([round(float(x), 4) for x in group_gap(r)])
+    [0.05, 0.3333]
+  """
+  if field not in FIELDS:
+    raise ValueError(f"field must be one of {FIELDS}, got {field!r}")
+  values = jnp.asarray(getattr(result, field))
+  if values.ndim < 2:
+    raise ValueError(f"expected a per-group result with fields [..., G, T], got shape {values.shape}")
+  present = ~jnp.isnan(values)
+  high = jnp.max(jnp.where(present, values, -jnp.inf), axis=-2)
+  low = jnp.min(jnp.where(present, values, jnp.inf), axis=-2)
+  return jnp.where(jnp.any(present, axis=-2), high - low, jnp.nan)
+

@@ -1,0 +1,124 @@
+"""Deployment threshold selection: the best threshold on a grid under a constraint."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from cwsa_jax import _validation
+from cwsa_jax._sweep import sweep
+
+METRICS = ("cwsa", "cwsa_plus", "selective_accuracy")
+SLACK = 1e-6  # tolerance of the constraints for float32 rounding of coverage and risk
+
+
+def default_thresholds() -> np.ndarray:
+  """The default grid 0.50, 0.51, ..., 0.99 (50 thresholds, float32)."""
+  return (np.arange(50, dtype=np.float64) / 100.0 + 0.5).astype(np.float32)
+
+
+class ThresholdChoice(NamedTuple):
+  """The selected threshold and its operating point (Python floats)."""
+  threshold: float
+  coverage: float
+  selective_risk: float
+  value: float
+
+
+def _check_fraction(x, name: str) -> float | None:
+  if x is None:
+    return None
+  try:
+    value = float(x)
+  except (TypeError, ValueError):
+    raise ValueError(f"{name} must be a number in [0, 1] or None, got {x!r}") from None
+  if not 0.0 <= value <= 1.0:  # also rejects NaN
+    raise ValueError(f"{name} must lie in [0, 1], got {value!r}")
+  return value
+
+
+def select_threshold(confidences, correct, *, metric: str = "cwsa", min_coverage=None,
+                     max_risk=None, thresholds=None) -> ThresholdChoice:
+  """The threshold on a grid that maximises a metric subject to coverage/risk constraints.
+
+  .. math::
+
+    \\tau^\\star = \\arg\\max_{\\tau \\in \\mathcal{T}} m(\\tau) \\quad
+    \\text{s.t.} \\quad |S_\\tau| \\ge 1, \\;
+    \\mathrm{coverage}(\\tau) \\ge \\text{min\\_coverage}, \\;
+    1 - \\mathrm{selective\\_accuracy}(\\tau) \\le \\text{max\\_risk},
+
+  with m one of CWSA, CWSA+ or selective accuracy, all computed by one
+  :func:`~cwsa_jax.sweep` over the grid. A threshold that retains no sample is
+  never selected. Ties (equal float32 metric values) go to the smallest
+  threshold, i.e. the largest coverage. The constraints are checked with a
+  slack of 1e-6 (``SLACK``) for the float32 rounding of coverage and risk, so
+  that a constraint met with equality (9 of 10 samples retained,
+  min_coverage=0.9) holds. Runs on the host (not inside ``jit``).
+
+  Args:
+    confidences: [n] confidences in [0, 1] (validation data).
+    correct: [n] bool or 0/1, or graded correctness kappa in [0, 1]
+      (selective risk is then 1 - mean kappa over the retained set).
+    metric: ``"cwsa"`` (default), ``"cwsa_plus"`` or ``"selective_accuracy"``.
+    min_coverage: optional lower bound on coverage, in [0, 1].
+    max_risk: optional upper bound on selective risk, in [0, 1].
+    thresholds: optional [T] candidate thresholds in [0, 1); default
+      0.50, 0.51, ..., 0.99.
+
+  Returns:
+    :class:`ThresholdChoice` ``(threshold, coverage, selective_risk, value)``;
+    ``threshold`` is the float32 grid value as a Python float (e.g.
+    0.6000000238418579 for 0.6), the one the metrics were computed with.
+
+  Raises:
+    ValueError: when no threshold satisfies the constraints (the message gives
+      the best coverage and risk the grid reaches), on an unknown metric,
+      constraints outside [0, 1], or invalid inputs as in ``sweep``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from cwsa_jax._select import select_threshold
+    >>> c = jnp.array([0.95, 0.9, 0.8, 0.7, 0.6, 0.55]); ok = jnp.array([1, 1, 1, 0, 1, 0])
+    >>> choice = select_threshold(c, ok, thresholds=jnp.array([0.5, 0.6, 0.75]))
+    >>> print(round(choice.threshold, 4), round(choice.coverage, 4), round(choice.selective_risk, 4))
+    0.75 0.5 0.0
+    >>> choice = select_threshold(c, ok, min_coverage=0.8, thresholds=jnp.array([0.5, 0.6, 0.75]))
+    >>> print(round(choice.threshold, 4), round(choice.coverage, 4))
+    0.6 0.8333
+  """
+  if metric not in METRICS:
+    raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+  min_coverage = _check_fraction(min_coverage, "min_coverage")
+  max_risk = _check_fraction(max_risk, "max_risk")
+  confidences = _validation.as_float_array(confidences, "confidences")
+  if confidences.ndim != 1:
+    raise ValueError(f"confidences must be 1-D [n], got shape {confidences.shape}")
+  if thresholds is None:
+    thresholds = default_thresholds()
+  result = sweep(confidences, correct, thresholds)
+  tau = np.asarray(result.thresholds, np.float32)
+  cov = np.asarray(result.coverage, np.float64)
+  risk = 1.0 - np.asarray(result.selective_accuracy, np.float64)
+  value = np.asarray(getattr(result, metric), np.float64)
+  feasible = cov > 0
+  if min_coverage is not None:
+    feasible &= cov >= min_coverage - SLACK
+  if max_risk is not None:
+    feasible &= risk <= max_risk + SLACK  # NaN risk (nothing retained) is infeasible
+  if not feasible.any():
+    nonempty = cov > 0
+    best_cov = float(cov.max()) if nonempty.any() else 0.0
+    best_risk = float(np.nanmin(risk[nonempty])) if nonempty.any() else float("nan")
+    raise ValueError(
+        f"no threshold in the grid [{float(tau.min()):.4g}, {float(tau.max()):.4g}] "
+        f"({tau.size} values) satisfies min_coverage={min_coverage} and max_risk={max_risk}: "
+        f"the grid reaches at most coverage {best_cov:.4g} and at least selective risk "
+        f"{best_risk:.4g} (not necessarily at the same threshold)")
+  candidates = np.flatnonzero(feasible)
+  best = np.float32(value[candidates].max())
+  winners = candidates[np.asarray(value[candidates], np.float32) == best]
+  j = winners[np.argmin(tau[winners])]
+  return ThresholdChoice(threshold=float(tau[j]), coverage=float(cov[j]),
+                         selective_risk=float(risk[j]), value=float(value[j]))
