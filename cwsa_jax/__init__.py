@@ -4,7 +4,9 @@ Hard metrics at one threshold (:func:`cwsa`, :func:`cwsa_plus`, :func:`coverage`
 :func:`selective_accuracy`), the fused all-thresholds :func:`sweep`, helpers
 that turn probabilities or logits into (confidences, correct), and the classic
 references with named conventions: ECE family, Brier score, NLL, the
-risk-coverage curve, AURC, E-AURC, AUGRC and AUMCC.
+risk-coverage curve, AURC, E-AURC, AUGRC and AUMCC; sigmoid-relaxed soft
+CWSA/CWSA+ (and ``cwsa_jax.losses`` for training), per-sample contributions,
+per-group sweeps and threshold selection.
 """
 
 from cwsa_jax._aumcc import aumcc
@@ -36,6 +38,10 @@ from cwsa_jax._selective import coverage
 from cwsa_jax._selective import cwsa
 from cwsa_jax._selective import cwsa_plus
 from cwsa_jax._selective import selective_accuracy
+from cwsa_jax._soft import soft_cwsa
+from cwsa_jax._soft import soft_cwsa_band_area
+from cwsa_jax._soft import soft_cwsa_plus
+from cwsa_jax._soft import soft_cwsa_sweep
 from cwsa_jax._sweep import SweepResult
 from cwsa_jax._sweep import sweep
 
@@ -71,6 +77,10 @@ __all__ = [
     "risk_coverage_summary",
     "select_threshold",
     "selective_accuracy",
+    "soft_cwsa",
+    "soft_cwsa_band_area",
+    "soft_cwsa_plus",
+    "soft_cwsa_sweep",
     "sweep",
     "sweep_by_group",
 ]

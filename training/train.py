@@ -42,11 +42,11 @@ CHECKPOINT_META = "checkpoint.json"
 
 def create_model(config: TrainConfig, num_classes: int) -> nnx.Module:
   rngs = nnx.Rngs(params=config.seed, dropout=config.seed + 1)
+  sizes = {k: tuple(v) for k, v in (("widths", config.widths),
+                                    ("convs_per_block", config.convs_per_block)) if v is not None}
   if config.model == "mnist_cnn":
-    return models.MnistCNN(num_classes=num_classes, rngs=rngs)
+    return models.MnistCNN(num_classes=num_classes, rngs=rngs, **sizes)
   if config.model == "cifar10_cnn":
-    sizes = {k: tuple(v) for k, v in (("widths", config.widths),
-                                      ("convs_per_block", config.convs_per_block)) if v is not None}
     return models.Cifar10CNN(num_classes=num_classes, rngs=rngs, **sizes)
   raise ValueError(f"unknown model {config.model!r}; valid models: mnist_cnn, cifar10_cnn")
 

@@ -1,0 +1,239 @@
+"""Surrogate losses built on the soft CWSA (optax style).
+
+Pure functions of ``logits`` [..., n, K] and integer ``labels`` [..., n] with
+keyword-only options. Unlike optax's per-example losses, these return one
+scalar per batch: CWSA is a statistic of a *set* of predictions (a weighted
+mean over the retained samples), so the batch is the unit.
+
+**How correctness enters the gradient.** The confidence c_i is the max-softmax
+probability; the correctness kappa_i can be
+
+* ``"probability"`` (default): kappa_i = p_{i, y_i}, the true-class
+  probability. For a correct prediction p_y = c, so the sample scores
+  phi(c)(2c - 1); for a wrong one p_y < c. The gradient moves the confidence
+  *and* moves probability mass to the true class, so the regulariser pulls in
+  the same direction as the cross-entropy.
+* ``"hard"``: kappa_i = stop_gradient(1[argmax_i = y_i]). The gradient flows
+  through the confidences only: up for correct predictions, down for wrong
+  ones; which class wins is left to the cross-entropy.
+
+Experiment (``python benchmarks/correctness_choice.py``, defaults: a linear
+softmax classifier and a 64-unit MLP on a synthetic 10-class, 32-dimensional
+Gaussian mixture with 10% label noise, 8000 training and 8000 test points,
+Adam 3e-3, batch 128, 600 steps, weight 1, tau 0.5, temperature 0.05; mean
+of 5 seeds on the test split with hard metrics, and in brackets the paired
+difference from cross-entropy, same data and initialisation)::
+
+  model  loss          accuracy          CWSA@0.5          CWSA@0.9          ECE
+  linear cross-ent.    0.8106            0.4834            0.4076            0.0973
+  linear hard          0.8108 (+0.0002)  0.5351 (+0.0517)  0.4914 (+0.0838)  0.0648
+  linear probability   0.8100 (-0.0006)  0.5522 (+0.0688)  0.5246 (+0.1170)  0.0554
+  mlp    cross-ent.    0.7981            0.5134            0.4807            0.0740
+  mlp    hard          0.7996 (+0.0015)  0.5544 (+0.0410)  0.5531 (+0.0723)  0.0548
+  mlp    probability   0.8000 (+0.0019)  0.5690 (+0.0556)  0.5843 (+0.1035)  0.0533
+
+(paired std of the CWSA differences 0.005-0.010, of the accuracy
+differences 0.002; AURC moved by less than 0.001 in every row.)
+``"probability"`` gave the larger CWSA gain in every configuration tried
+(also, with 3 seeds, weight 2, temperature 0.01, and 2500 steps), at the
+same accuracy, so it is the default. Both variants cost accuracy when the
+target threshold is high: with ``tau=0.9`` (3 seeds) CWSA at 0.9 rose by
+0.18 (linear) and 0.13 (MLP) but accuracy fell by 4.2 and 2.2 points, AURC
+rose by 0.036 and 0.022, and CWSA at 0.5 fell; prefer tau = 0.5 (or a band
+starting there) with a modest weight.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from cwsa_jax import _soft
+from cwsa_jax import _validation
+
+CORRECTNESS = ("hard", "probability")
+
+
+def _prepare(logits: Any, labels: Any) -> tuple[jax.Array, jax.Array]:
+  logits = _validation.as_float_array(logits, "logits")
+  if logits.ndim < 2:
+    raise ValueError(f"logits must have shape [..., n, num_classes], got {logits.shape}")
+  if logits.shape[-1] < 2:
+    raise ValueError(f"logits need at least 2 classes, got shape {logits.shape}")
+  labels = _validation.as_labels(labels, num_classes=logits.shape[-1])
+  if labels.shape != logits.shape[:-1]:
+    raise ValueError(
+        f"labels must have shape logits.shape[:-1] = {logits.shape[:-1]}, got {labels.shape}")
+  if logits.shape[-2] == 0:
+    raise ValueError("logits is empty: at least one sample is needed")
+  if _validation.is_concrete(logits) and not bool(jnp.all(jnp.isfinite(logits))):
+    raise ValueError("logits contains NaN or infinite values")
+  return logits, labels
+
+
+def _confidence_and_correct(log_probs: jax.Array, labels: jax.Array, correctness: str):
+  """Max-softmax confidence, correctness kappa and the true-class log-probability."""
+  true_log_prob = jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+  confidences = jnp.exp(jnp.max(log_probs, axis=-1))
+  if correctness == "hard":
+    predicted = jnp.argmax(log_probs, axis=-1)
+    correct = jax.lax.stop_gradient((predicted == labels).astype(log_probs.dtype))
+  else:
+    correct = jnp.exp(true_log_prob)
+  return confidences, correct, true_log_prob
+
+
+def _as_band(band: Any) -> tuple[float, float] | None:
+  """A hashable (static) band."""
+  return None if band is None else (float(band[0]), float(band[1]))
+
+
+def _check_options(correctness: str, band: Any, num_thresholds: int) -> None:
+  if correctness not in CORRECTNESS:
+    raise ValueError(f"correctness must be one of {CORRECTNESS}, got {correctness!r}")
+  if band is not None:
+    _soft._check_band(band, num_thresholds)
+
+
+@functools.partial(jax.jit, static_argnames=("correctness", "band", "num_thresholds", "plus"))
+def _loss_terms(logits, labels, tau, temperature, *, correctness, band, num_thresholds, plus):
+  """(mean cross-entropy, 1 - soft CWSA), each of shape [...]."""
+  dtype = jnp.promote_types(logits.dtype, jnp.float32)
+  log_probs = jax.nn.log_softmax(logits.astype(dtype), axis=-1)
+  confidences, correct, true_log_prob = _confidence_and_correct(log_probs, labels, correctness)
+  cross_entropy = -jnp.mean(true_log_prob, axis=-1)
+  soft = _soft_term(confidences, correct, tau=tau.astype(dtype),
+                    temperature=temperature.astype(dtype), band=band,
+                    num_thresholds=num_thresholds, plus=plus)
+  return cross_entropy, 1.0 - soft
+
+
+def _soft_term(confidences, correct, *, tau, temperature, band, num_thresholds, plus):
+  """Soft CWSA (or CWSA+) at tau, or its band average over ``band``."""
+  if band is None:
+    return _soft._soft_metric(confidences, correct, tau, temperature, plus=plus,
+                              normalize="retained")
+  thresholds = jnp.asarray(_soft.band_thresholds(band, num_thresholds))
+  values = _soft._sweep(confidences, correct, thresholds, temperature, plus=plus,
+                        normalize="retained")
+  # Trapezoid over an equally spaced grid, divided by the band width.
+  return (jnp.sum(values, -1) - 0.5 * (values[..., 0] + values[..., -1])) / (num_thresholds - 1)
+
+
+def cwsa_surrogate_loss(logits: Any, labels: Any, *, tau: Any = 0.5, temperature: Any = 0.05,
+                        correctness: str = "probability", band: tuple[float, float] | None = None,
+                        num_thresholds: int = _soft.DEFAULT_BAND_THRESHOLDS,
+                        plus: bool = False) -> jax.Array:
+  """One minus the soft CWSA of the max-softmax confidences.
+
+  .. math::
+
+    \\ell = 1 - \\mathrm{softCWSA}_T\\bigl(c, \\kappa; \\tau\\bigr), \\qquad
+    c_i = \\max_k \\mathrm{softmax}(z_i)_k,
+
+  with kappa as chosen by ``correctness`` (see the module docstring). With
+  ``band=(low, high)`` the soft CWSA at tau is replaced by its trapezoid
+  average over ``num_thresholds`` thresholds in the band
+  (:func:`cwsa_jax._soft.soft_cwsa_band_area`). The loss lies in [0, 2]
+  ([0, 1] with ``plus=True``, which uses CWSA+ and never penalises errors).
+
+  Args:
+    logits: [..., n, K] unnormalised scores; leading axes are batch axes
+      (one loss each).
+    labels: [..., n] integer labels in [0, K).
+    tau: threshold in [0, 1) (ignored when ``band`` is given).
+    temperature: T > 0 of the sigmoid gate (may be traced, e.g. scheduled).
+    correctness: ``"probability"`` (true-class probability, default) or
+      ``"hard"`` (stop-gradient 0/1 correctness).
+    band: optional (low, high) threshold band, 0 <= low < high < 1.
+    num_thresholds: grid size for ``band`` (>= 2).
+    plus: use soft CWSA+ instead of soft CWSA.
+
+  Returns:
+    [...] loss (a scalar for [n, K] logits).
+
+  Raises:
+    ValueError: on concrete NaN/inf logits, labels out of range or of the
+      wrong shape, tau outside [0, 1), temperature <= 0 or a bad option.
+      Inside a user's ``jit`` only the shape checks run.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from cwsa_jax.losses import cwsa_surrogate_loss
+    >>> logits = jnp.array([[4.0, 0.0, 0.0], [0.0, 3.0, 0.0], [1.0, 1.2, 0.0]])
+    >>> print(round(float(cwsa_surrogate_loss(logits, jnp.array([0, 1, 0]))), 4))
+    0.3505
+  """
+  _check_options(correctness, band, num_thresholds)
+  logits, labels = _prepare(logits, labels)
+  tau = _soft._prepare_tau(tau)
+  temperature = _soft._check_temperature(temperature)
+  _, surrogate = _loss_terms(logits, labels, tau, temperature, correctness=correctness,
+                             band=_as_band(band), num_thresholds=num_thresholds, plus=plus)
+  return surrogate
+
+
+def cwsa_regularized_loss(logits: Any, labels: Any, *, weight: Any = 1.0, tau: Any = 0.5,
+                          temperature: Any = 0.05, correctness: str = "probability",
+                          band: tuple[float, float] | None = None,
+                          num_thresholds: int = _soft.DEFAULT_BAND_THRESHOLDS,
+                          plus: bool = False) -> jax.Array:
+  """Mean cross-entropy plus ``weight`` x (1 - soft CWSA of the max-softmax confidence).
+
+  .. math::
+
+    \\ell = -\\frac{1}{n}\\sum_i \\log \\mathrm{softmax}(z_i)_{y_i}
+      + w\\,\\bigl(1 - \\mathrm{softCWSA}_T(c, \\kappa; \\tau)\\bigr),
+    \\qquad c_i = \\max_k \\mathrm{softmax}(z_i)_k.
+
+  The soft CWSA is :func:`cwsa_jax._soft.soft_cwsa` (sigmoid gate of
+  temperature T, smoothly clipped phi, g-weighted mean over the batch);
+  kappa is the true-class probability by default (see the module docstring
+  for the experiment behind that choice). Everything is computed
+  from ``log_softmax``, so logits of any finite magnitude give finite values
+  and gradients.
+
+  Args:
+    logits: [..., n, K] unnormalised scores; leading axes are batch axes.
+    labels: [..., n] integer labels in [0, K).
+    weight: w >= 0, the regulariser's weight (0 gives plain cross-entropy).
+    tau: threshold in [0, 1) (ignored when ``band`` is given). Default 0.5.
+    temperature: T > 0 of the sigmoid gate, in confidence units. Default 0.05.
+    correctness: ``"probability"`` (default) or ``"hard"``.
+    band: optional (low, high): target the band average of soft CWSA instead
+      of one threshold.
+    num_thresholds: grid size for ``band``.
+    plus: use soft CWSA+ (no penalty for confident errors).
+
+  Returns:
+    [...] loss (a scalar for [n, K] logits).
+
+  Raises:
+    ValueError: as :func:`cwsa_surrogate_loss`.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from cwsa_jax.losses import cwsa_regularized_loss
+    >>> logits = jnp.array([[4.0, 0.0, 0.0], [0.0, 3.0, 0.0], [1.0, 1.2, 0.0]])
+    >>> labels = jnp.array([0, 1, 0])
+    >>> print(round(float(cwsa_regularized_loss(logits, labels)), 4))
+    0.7113
+    >>> print(round(float(cwsa_regularized_loss(logits, labels, weight=0.0)), 4))
+    0.3608
+  """
+  _check_options(correctness, band, num_thresholds)
+  logits, labels = _prepare(logits, labels)
+  tau = _soft._prepare_tau(tau)
+  temperature = _soft._check_temperature(temperature)
+  weight = _validation.as_float_array(weight, "weight")
+  if weight.ndim != 0:
+    raise ValueError(f"weight must be a scalar, got shape {weight.shape}")
+  if _validation.is_concrete(weight) and not (float(weight) >= 0 and jnp.isfinite(weight)):
+    raise ValueError(f"weight must be finite and >= 0, got {float(weight)}")
+  cross_entropy, surrogate = _loss_terms(
+      logits, labels, tau, temperature, correctness=correctness, band=_as_band(band),
+      num_thresholds=num_thresholds, plus=plus)
+  return cross_entropy + weight.astype(cross_entropy.dtype) * surrogate

@@ -1,0 +1,133 @@
+"""Tests of the Flax NNX CNNs in training.models."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from cwsa_jax.losses import cwsa_regularized_loss
+from training.models import Cifar10CNN, MnistCNN, max_pool_2x2
+
+SHAPES = {"mnist": (28, 28, 1), "cifar10": (32, 32, 3)}
+
+
+@pytest.fixture(scope="module")
+def built():
+  # Eager parameter initialisation compiles one small program per parameter
+  # shape (seconds on a busy CPU): build each model once, clone per test.
+  return {"mnist": MnistCNN(rngs=nnx.Rngs(0)), "cifar10": Cifar10CNN(rngs=nnx.Rngs(0))}
+
+
+@nnx.jit
+def _apply(model, x):
+  return model(x)
+
+
+def _param_count(model):
+  return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+@pytest.mark.parametrize("name", ["mnist", "cifar10"])
+def test_shapes_and_finite_outputs(built, name):
+  model = nnx.clone(built[name])
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(3, *SHAPES[name])), jnp.float32)
+  logits = _apply(model, x)
+  assert logits.shape == (3, 10) and logits.dtype == jnp.float32
+  assert bool(jnp.all(jnp.isfinite(logits)))
+  model.eval()
+  assert bool(jnp.all(jnp.isfinite(_apply(model, x))))
+  cls = type(model)
+  abstract = nnx.eval_shape(lambda: cls(rngs=nnx.Rngs(0), num_classes=7))
+  assert abstract.head.kernel.shape[-1] == 7
+
+
+def test_parameter_counts():
+  # The sizes documented in training/models.py.
+  assert _param_count(nnx.eval_shape(lambda: MnistCNN(rngs=nnx.Rngs(0)))) == 458_730
+  small = nnx.eval_shape(lambda: MnistCNN(rngs=nnx.Rngs(0), convs_per_block=(1, 1)))
+  assert _param_count(small) == 458_730 - 9 * 64 * 64 - 2 * 64
+  assert _param_count(nnx.eval_shape(lambda: Cifar10CNN(rngs=nnx.Rngs(0)))) == 295_978
+  wide = nnx.eval_shape(lambda: Cifar10CNN(rngs=nnx.Rngs(0), convs_per_block=(2, 2, 2)))
+  assert _param_count(wide) == 295_978 + 9 * 32 * 32 + 2 * 32
+
+
+def test_same_seed_same_model(built):
+  x = jnp.ones((2, 28, 28, 1))
+  a, b = nnx.clone(built["mnist"]), MnistCNN(rngs=nnx.Rngs(0))
+  a.eval()
+  b.eval()
+  np.testing.assert_array_equal(_apply(a, x), _apply(b, x))
+  c = MnistCNN(rngs=nnx.Rngs(4))
+  c.eval()
+  assert not np.allclose(_apply(a, x), _apply(c, x))
+
+
+def test_train_and_eval_modes(built):
+  model = nnx.clone(built["mnist"])
+  x = jnp.asarray(np.random.default_rng(1).normal(size=(8, 28, 28, 1)), jnp.float32)
+  model.eval()
+  first, second = _apply(model, x), _apply(model, x)
+  np.testing.assert_array_equal(first, second)  # eval: deterministic
+  # eval uses the running statistics: a sample's logits do not depend on the batch
+  np.testing.assert_allclose(_apply(model, jnp.concatenate([x[:1]] * 8)), first[:1].repeat(8, 0),
+                             atol=1e-5)
+  model.train()
+  third, fourth = _apply(model, x), _apply(model, x)
+  assert not np.allclose(third, fourth)  # dropout draws new masks
+  # training mode updates the batch-norm running statistics
+  mean_before = np.asarray(model.block1.norms[0].mean[...])
+  _apply(model, x + 3.0)
+  assert not np.allclose(np.asarray(model.block1.norms[0].mean[...]), mean_before)
+
+
+def test_invalid_configuration():
+  with pytest.raises(ValueError, match="two positive"):
+    MnistCNN(rngs=nnx.Rngs(0), convs_per_block=(1,))
+  with pytest.raises(ValueError, match="3 entries"):
+    Cifar10CNN(rngs=nnx.Rngs(0), widths=(8, 16))
+  with pytest.raises(ValueError, match="positive"):
+    Cifar10CNN(rngs=nnx.Rngs(0), convs_per_block=(1, 0, 1))
+
+
+def test_max_pool_matches_nnx_max_pool():
+  x = jnp.asarray(np.random.default_rng(2).normal(size=(2, 6, 7, 3)), jnp.float32)
+  np.testing.assert_array_equal(max_pool_2x2(x), nnx.max_pool(x, (2, 2), (2, 2)))
+  # Same gradient where there are no ties (random data).
+  g = jax.grad(lambda x: jnp.sum(max_pool_2x2(x) ** 2))(x)
+  g_ref = jax.grad(lambda x: jnp.sum(nnx.max_pool(x, (2, 2), (2, 2)) ** 2))(x)
+  np.testing.assert_allclose(g, g_ref, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["mnist", "cifar10"])
+@pytest.mark.parametrize("loss_name", ["ce", "cwsa"])
+def test_jitted_train_step_decreases_loss(built, name, loss_name):
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(16, *SHAPES[name])), jnp.float32)
+  y = jnp.asarray(rng.integers(0, 10, 16), jnp.int32)
+  model = nnx.clone(built[name])
+  optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+
+  def loss_fn(model, x, y):
+    logits = model(x)
+    if loss_name == "ce":
+      loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    else:
+      loss = cwsa_regularized_loss(logits, y)
+    return loss, logits
+
+  @nnx.jit
+  def train_step(model, optimizer, x, y):
+    (loss, _), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, x, y)
+    optimizer.update(model, grads)
+    return loss
+
+  model.train()
+  losses = [float(train_step(model, optimizer, x, y)) for _ in range(8)]
+  assert all(np.isfinite(losses))
+  assert losses[-1] < losses[0]
+  model.eval()
+  assert bool(jnp.all(jnp.isfinite(_apply(model, x))))
