@@ -150,7 +150,25 @@ def _stress_rows(group_cases, summaries, thresholds) -> list[list[str]]:
 _STRESS_HEADERS = ("accuracy", "ECE", "AURC", "CWSA@0.5", "CWSA@0.9", "coverage@0.9", "sel. acc.@0.9")
 
 
-def _figures(out, cases, conf, ok, metrics, settings) -> list[tuple[str, str]]:
+def _choices(cases, conf, ok, settings) -> dict[str, dict[str, Any]]:
+  """Deployment threshold of each model, chosen on its predictions pooled over the seeds."""
+  conf, ok = np.asarray(conf), np.asarray(ok)
+  return {c["name"]: _report.choose_threshold(conf[i].reshape(-1), ok[i].reshape(-1), settings)
+          for i, c in enumerate(cases) if c["group"] == "model"}
+
+
+def _choice_rows(choices: dict[str, dict[str, Any]]) -> list[list[str]]:
+  rows = []
+  for name, ch in choices.items():
+    if ch["feasible"]:
+      rows.append([name, f"{ch['threshold']:.4g}", _report.fmt(ch["coverage"]),
+                   _report.fmt(ch["selective_risk"]), _report.fmt(ch["value"])])
+    else:
+      rows.append([name, "infeasible", "—", "—", "—"])
+  return rows
+
+
+def _figures(out, cases, conf, ok, metrics, settings, choices=None) -> list[tuple[str, str]]:
   figures = []
   models = [i for i, c in enumerate(cases) if c["group"] == "model"]
   sweeps = {cases[i]["name"]: {k: v[i] for k, v in metrics["sweep"].items() if k != "thresholds"}
@@ -161,7 +179,11 @@ def _figures(out, cases, conf, ok, metrics, settings) -> list[tuple[str, str]]:
   figures.append(("comparison.png", "Selective accuracy, CWSA, CWSA+ and coverage vs. threshold, "
                   "one line per model (mean ± 1 std over seeds)."))
   for name, result in sweeps.items():
-    fig = plots.threshold_curves(result, title=f"{name} model: metrics vs. threshold (mean ± 1 std)")
+    choice = (choices or {}).get(name)
+    marker = choice["threshold"] if choice and choice["feasible"] else None
+    fig = plots.threshold_curves(result, title=f"{name} model: metrics vs. threshold (mean ± 1 std)",
+                                 marker=marker,
+                                 marker_label=None if marker is None else _report.marker_text(choice))
     plots.save(fig, out / f"curves_{name}.png")
     figures.append((f"curves_{name}.png", f"The {name} model (as in the paper's figures)."))
   # Reliability and risk-coverage of seed 0 of each model, computed as one batch.
@@ -228,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
   thresholds = metrics["sweep"]["thresholds"]
 
   model_idx = [i for i, c in enumerate(cases) if c["group"] == "model"]
+  choices = _choices(cases, conf, ok, settings)
   summary_rows = [_summary_row(cases[i]["name"], summaries[i], thresholds) for i in model_idx]
   print(f"cwsa-jax demo: the paper's synthetic models, n = {args.n}, mean over {args.seeds} seeds "
         "(± std in report.md);\nCWSA as the paper defines it (divided by the retained count)\n")
@@ -236,14 +259,16 @@ def run(args: argparse.Namespace) -> int:
       [_summary_row(cases[i]["name"], summaries[i], thresholds, with_std=False) for i in model_idx]))
 
   with atomic_output_dir(out, force=args.force) as tmp:
-    figures = [] if args.no_figures else _figures(tmp, cases, conf, ok, metrics, settings)
+    figures = [] if args.no_figures else _figures(tmp, cases, conf, ok, metrics, settings, choices)
     payload = {
         "command": "demo",
         "config": {"seed": args.seed, "seeds": args.seeds, "n": args.n,
                    "num_classes": synthetic.PAPER_NUM_CLASSES},
         "settings": settings.to_json(),
         "models": {cases[i]["name"]: {"parameters": _params_json(cases[i]["name"]),
-                                      **_report.to_json(summaries[i])} for i in model_idx},
+                                      **_report.to_json(summaries[i]),
+                                      "threshold_choice": _report.to_json(choices[cases[i]["name"]])}
+                   for i in model_idx},
         "stress_tests": {
             group: {"parameter": label, "values": list(grid),
                     "results": [_report.to_json(summaries[i]) for i, c in enumerate(cases)
@@ -251,7 +276,8 @@ def run(args: argparse.Namespace) -> int:
             for group, label, grid, _ in STRESS_TESTS},
     }
     write_json_atomic(tmp / "metrics.json", payload)
-    text = _report_text(args, cases, summaries, summary_rows, settings, figures, thresholds)
+    text = _report_text(args, cases, summaries, summary_rows, settings, figures, thresholds,
+                        choices)
     (tmp / "report.md").write_text(text, encoding="utf-8")
   elapsed = time.perf_counter() - start
   print(f"\nWrote {out}/report.md, {out}/metrics.json and {len(figures)} figures "
@@ -264,7 +290,8 @@ def _params_json(model: str) -> dict[str, Any]:
           for k, v in synthetic.PAPER_PARAMETERS[model].items()}
 
 
-def _report_text(args, cases, summaries, summary_rows, settings, figures, thresholds) -> str:
+def _report_text(args, cases, summaries, summary_rows, settings, figures, thresholds,
+                 choices) -> str:
   md = _report.markdown_table
   parts = [
       "# cwsa-jax demo: the paper's synthetic models",
@@ -300,6 +327,18 @@ def _report_text(args, cases, summaries, summary_rows, settings, figures, thresh
   ]
   for file, caption in figures[:1]:
     parts += [f"![{caption}]({file})", "", f"*{caption}*", ""]
+  sel = _report.DEFAULT_SELECTION
+  parts += [
+      "## Deployment threshold",
+      "",
+      f"The threshold `select_threshold` picks for each model: the largest CWSA (divided by |S|) "
+      f"on the grid subject to coverage ≥ {sel['min_coverage']:g}, chosen on the model's "
+      f"predictions pooled over the {args.seeds} seeds; the per-model figures mark it. "
+      "*infeasible*: no threshold of the grid keeps that coverage.",
+      "",
+      md(("model", "threshold", "coverage", "selective risk", "CWSA"), _choice_rows(choices)),
+      "",
+  ]
   parts += ["## Stress tests", ""]
   for group, label, grid, description in STRESS_TESTS:
     idx = [i for i, c in enumerate(cases) if c["group"] == group]

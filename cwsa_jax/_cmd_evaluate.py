@@ -54,17 +54,22 @@ def _scoring_rules(loaded: _io.LoadedPredictions) -> dict:
 
 def run(args: argparse.Namespace) -> int:
   settings = settings_from_args(args)
+  if args.worst is not None and args.worst < 1:
+    raise UserError(f"--worst must be >= 1, got {args.worst}")
   # Read and check everything before touching the output directory.
-  loaded = _io.load_predictions(args.file, labels_path=args.labels, scores=args.scores)
+  loaded = _io.load_predictions(args.file, labels_path=args.labels, scores=args.scores,
+                                group_by=args.group_by)
   out = args.out if args.out is not None else _report.fresh_output_dir(DEFAULT_OUT)
   if args.out is not None and not args.force and Path(out).exists():
     raise UserError(f"output directory {out} already exists (use --force to replace it)")
   metrics = _report.compute_metrics(loaded.confidences, loaded.correct, settings)
   metrics.update(_scoring_rules(loaded))
+  metrics.update(_breakdowns(loaded, settings, args))
   name = Path(args.file).name
   with atomic_output_dir(out, force=args.force) as tmp:
     figures = [] if args.no_figures else _report.write_model_figures(
-        tmp, loaded.confidences, loaded.correct, metrics, settings, name=name)
+        tmp, loaded.confidences, loaded.correct, metrics, settings, name=name,
+        choice=metrics["threshold_choice"])
     payload = {"command": "evaluate", "file": str(args.file), "source": loaded.source,
                "settings": settings.to_json(), **_report.to_json(metrics)}
     write_json_atomic(tmp / "metrics.json", payload)
@@ -78,6 +83,22 @@ def run(args: argparse.Namespace) -> int:
   return 0
 
 
+def _breakdowns(loaded: _io.LoadedPredictions, settings: _report.Settings,
+                args: argparse.Namespace) -> dict:
+  """Deployment threshold, per-class and --group-by breakdowns, --worst samples."""
+  c, ok = loaded.confidences, loaded.correct
+  out = {"threshold_choice": _report.choose_threshold(c, ok, settings)}
+  if loaded.labels is not None:
+    ids, names = _report.class_groups(loaded.labels)
+    out["classes"] = _report.group_metrics(c, ok, ids, names, settings)
+  if loaded.groups is not None:
+    out["groups"] = {"column": args.group_by,
+                     **_report.group_metrics(c, ok, loaded.groups, loaded.group_names, settings)}
+  if args.worst is not None:
+    out["worst"] = _report.worst_samples(c, ok, args.worst, min(settings.thresholds))
+  return out
+
+
 def _print_summary(loaded, metrics, settings) -> None:
   print(f"{loaded.source}: n = {metrics['n']}")
   print(_report.text_table(("metric", "value"), _report.scalar_rows(metrics)[1:]))
@@ -86,6 +107,12 @@ def _print_summary(loaded, metrics, settings) -> None:
   print(_report.text_table(_report.SWEEP_HEADERS, _report.sweep_rows(metrics["sweep"], indices)))
   if settings.normalize == "all":
     print("(CWSA divided by n: the published code's variant)")
+  choice = metrics["threshold_choice"]
+  if choice["feasible"]:
+    print(f"\nselected threshold (best CWSA with coverage >= {choice['min_coverage']:g}): "
+          f"{choice['threshold']:.4g} (coverage {choice['coverage']:.4f})")
+  else:
+    print(f"\nno threshold reaches coverage >= {choice['min_coverage']:g} on this grid")
 
 
 def add_parser(sub) -> None:
@@ -102,7 +129,11 @@ def add_parser(sub) -> None:
   .npy  probs or logits [n,K]; labels from --labels LABELS.npy
 
 --published-code uses the paper's code conventions: thresholds linspace(0.5, 0.99, 20),
-10 ECE bins, AURC 'published_code', CWSA divided by n. Explicit flags override it.""")
+10 ECE bins, AURC 'published_code', CWSA divided by n. Explicit flags override it.
+
+The report also states the threshold select_threshold picks (best CWSA with coverage >= 0.8),
+breaks the sweep down per true class when the labels are known (CSV y_true, .npz/.npy labels),
+per group with --group-by COLUMN (CSV), and lists the most confident mistakes with --worst K.""")
   p.add_argument("file", help="predictions file (.csv, .npz or .npy)")
   p.add_argument("--out", metavar="DIR",
                  help="output directory (default: ./cwsa-evaluate, or cwsa-evaluate-2, ... if taken)")
@@ -127,5 +158,11 @@ def add_parser(sub) -> None:
                  help="x axis of the AUMCC area (default coverage)")
   p.add_argument("--published-code", action="store_true",
                  help="the paper's published-code conventions (see below)")
+  p.add_argument("--group-by", metavar="COLUMN",
+                 help="CSV column of group labels (integers or strings): per-group sweep and "
+                 "best-worst gap in the report")
+  p.add_argument("--worst", type=int, metavar="K",
+                 help="list the K most damaging samples (confident and wrong) at the lowest "
+                 "threshold of the grid")
   p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
   p.set_defaults(func=run)

@@ -49,8 +49,11 @@ class LoadedPredictions(NamedTuple):
     source: a short description of what was read (for reports).
     num_classes: number of classes when known (probabilities / logits), else None.
     scores: float64 [n, K] probabilities or logits when the file holds them, else None.
-    labels: int64 [n] labels when the file holds scores, else None.
+    labels: int64 [n] true labels when the file holds them (scores, or a CSV
+      with y_true), else None.
     from_logits: whether ``scores`` are logits.
+    groups: int64 [n] group ids in [0, len(group_names)) from ``group_by``, else None.
+    group_names: the group labels, in id order (sorted), else None.
   """
   confidences: np.ndarray
   correct: np.ndarray
@@ -59,16 +62,20 @@ class LoadedPredictions(NamedTuple):
   scores: np.ndarray | None = None
   labels: np.ndarray | None = None
   from_logits: bool = False
+  groups: np.ndarray | None = None
+  group_names: tuple[str, ...] | None = None
 
 
 def load_predictions(path: str | os.PathLike, *, labels_path: str | os.PathLike | None = None,
-                     scores: str = "auto") -> LoadedPredictions:
+                     scores: str = "auto", group_by: str | None = None) -> LoadedPredictions:
   """Reads (confidences, correct) from a CSV, ``.npz`` or ``.npy`` file.
 
   Args:
     path: the predictions file.
     labels_path: for ``.npy`` scores, the ``.npy`` file with the integer labels.
     scores: ``"auto"``, ``"probs"`` or ``"logits"``: how to read a score matrix.
+    group_by: for a CSV, a column of group labels (integers, or strings mapped
+      to ids in sorted order).
 
   Returns:
     :class:`LoadedPredictions`.
@@ -91,8 +98,10 @@ def load_predictions(path: str | os.PathLike, *, labels_path: str | os.PathLike 
     raise UserError(f"{path}: is a directory, expected a {ext} file")
   if labels_path is not None and ext != ".npy":
     raise UserError(f"--labels is only used with a .npy scores file, not with {path}")
+  if group_by is not None and ext != ".csv":
+    raise UserError(f"--group-by needs a CSV file with the group column, not {path}")
   if ext == ".csv":
-    return _load_csv(path)
+    return _load_csv(path, group_by)
   if ext == ".npz":
     return _load_npz(path, scores)
   return _load_npy(path, labels_path, scores)
@@ -103,7 +112,7 @@ def load_predictions(path: str | os.PathLike, *, labels_path: str | os.PathLike 
 # --------------------------------------------------------------------------
 
 
-def _load_csv(path: Path) -> LoadedPredictions:
+def _load_csv(path: Path, group_by: str | None = None) -> LoadedPredictions:
   try:
     with open(path, newline="", encoding="utf-8-sig") as f:
       rows = list(csv.reader(f))
@@ -134,6 +143,12 @@ def _load_csv(path: Path) -> LoadedPredictions:
     found = ",".join(h.strip() for h in header)
     raise UserError(f"{path}: missing column(s) {', '.join(missing)}; expected the columns "
                     f"y_true,y_pred,confidence or confidence,correct, found {found}")
+  group_key = None
+  if group_by is not None:
+    group_key = group_by.strip().lower()
+    if group_key not in index or not group_key:
+      found = ",".join(h.strip() for h in header)
+      raise UserError(f"{path}: --group-by column {group_by!r} not found; the header has {found}")
   data = numbered[1:]
   if not data:
     raise UserError(f"{path}: no data rows after the header")
@@ -145,15 +160,36 @@ def _load_csv(path: Path) -> LoadedPredictions:
   lines = [line for line, _ in data]
   confidences = _float_column(path, columns["confidence"], "confidence", lines)
   confidences = _check_confidences(path, confidences, "confidence", lines)
+  labels = None
   if "correct" in columns:
     correct = _bool_column(path, columns["correct"], lines)
     source = f"{path.name} (CSV: confidence, correct)"
   else:
-    y_true = _int_column(path, columns["y_true"], "y_true", lines)
+    labels = _int_column(path, columns["y_true"], "y_true", lines)
     y_pred = _int_column(path, columns["y_pred"], "y_pred", lines)
-    correct = y_true == y_pred
+    correct = labels == y_pred
     source = f"{path.name} (CSV: y_true, y_pred, confidence)"
-  return LoadedPredictions(confidences.astype(np.float32), correct, source)
+  groups = names = None
+  if group_key is not None:
+    cells = [row[index[group_key]].strip() for _, row in data]
+    groups, names = _group_column(path, cells, group_by.strip(), lines)
+  return LoadedPredictions(confidences.astype(np.float32), correct, source, labels=labels,
+                           groups=groups, group_names=names)
+
+
+def _group_column(path: Path, cells: list[str], name: str,
+                  lines: list[int]) -> tuple[np.ndarray, tuple[str, ...]]:
+  """Group ids in sorted label order: integer labels numerically, else strings."""
+  for i, cell in enumerate(cells):
+    if cell == "":
+      raise UserError(f"{path}: line {lines[i]}: empty {name} cell")
+  try:
+    values = np.array([int(cell) for cell in cells], dtype=np.int64)
+  except ValueError:
+    unique, ids = np.unique(np.array(cells, dtype=object).astype(str), return_inverse=True)
+    return ids.astype(np.int64), tuple(str(u) for u in unique)
+  unique, ids = np.unique(values, return_inverse=True)
+  return ids.astype(np.int64), tuple(str(int(u)) for u in unique)
 
 
 def _float_column(path: Path, cells: list[str], name: str, lines: list[int]) -> np.ndarray:

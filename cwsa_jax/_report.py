@@ -21,7 +21,11 @@ from cwsa_jax import plots
 from cwsa_jax._aumcc import aumcc
 from cwsa_jax._calibration import calibration_bins, ece
 from cwsa_jax._cli_util import UserError
+from cwsa_jax._decompose import contributions, most_damaging
+from cwsa_jax._groups import FIELDS as GROUP_FIELDS
+from cwsa_jax._groups import group_gap, sweep_by_group
 from cwsa_jax._risk_coverage import risk_coverage_curve, risk_coverage_summary
+from cwsa_jax._select import select_threshold
 from cwsa_jax._sweep import sweep
 
 SWEEP_FIELDS = ("thresholds", "coverage", "selective_accuracy", "cwsa", "cwsa_plus")
@@ -155,6 +159,87 @@ def compute_metrics(confidences: Any, correct: Any, settings: Settings) -> dict[
   return out
 
 
+# The deployment threshold stated in the reports: best CWSA with at least 80 % coverage.
+DEFAULT_SELECTION = {"metric": "cwsa", "min_coverage": 0.8}
+GROUP_TAUS = (0.5, 0.9)
+MAX_GROUP_ROWS = 30
+
+
+def group_metrics(confidences: Any, correct: Any, groups: Any, names: Sequence[str],
+                  settings: Settings) -> dict[str, Any]:
+  """Per-group sweep (:func:`sweep_by_group`) and best-worst gap (:func:`group_gap`) on the grid.
+
+  Args:
+    confidences, correct: [n] arrays.
+    groups: [n] int ids in [0, len(names)).
+    names: the group labels, in id order.
+
+  Returns:
+    dict with ``names``, ``counts`` [G], ``sweep`` (fields [G, T]) and ``gap``
+    (fields [T], NaN-free groups only).
+  """
+  ids = np.asarray(groups, np.int64)
+  num_groups = len(names)
+  thresholds = np.asarray(settings.thresholds, np.float32)
+  result = sweep_by_group(jnp.asarray(confidences, jnp.float32), jnp.asarray(correct, jnp.bool_),
+                          ids, thresholds, num_groups=num_groups, normalize=settings.normalize)
+  return {
+      "names": [str(x) for x in names],
+      "counts": np.bincount(ids, minlength=num_groups),
+      "sweep": {"thresholds": thresholds,
+                **{f: np.asarray(getattr(result, f)) for f in GROUP_FIELDS}},
+      "gap": {f: np.asarray(group_gap(result, f)) for f in GROUP_FIELDS},
+  }
+
+
+def class_groups(labels: Any) -> tuple[np.ndarray, tuple[str, ...]]:
+  """Group ids of the true classes (sorted label values) and their names."""
+  unique, ids = np.unique(np.asarray(labels, np.int64), return_inverse=True)
+  return ids.astype(np.int64), tuple(str(int(u)) for u in unique)
+
+
+def choose_threshold(confidences: Any, correct: Any, settings: Settings) -> dict[str, Any]:
+  """:func:`select_threshold` on the report's grid with :data:`DEFAULT_SELECTION`.
+
+  Returns a JSON-ready dict with ``feasible``; when the constraint cannot be
+  met, ``reason`` holds the library's message instead of a threshold.
+  """
+  out: dict[str, Any] = dict(DEFAULT_SELECTION)
+  try:
+    choice = select_threshold(np.asarray(confidences, np.float32), np.asarray(correct, bool),
+                              thresholds=np.asarray(settings.thresholds, np.float32),
+                              **DEFAULT_SELECTION)
+  except ValueError as e:
+    out.update(feasible=False, reason=str(e))
+    return out
+  out.update(feasible=True, **choice._asdict())
+  return out
+
+
+def choice_sentence(choice: Mapping[str, Any]) -> str:
+  """One Markdown sentence stating the selected threshold (or why there is none)."""
+  constraint = (f"maximising {plots.METRIC_LABELS.get(choice['metric'], choice['metric'])} "
+                f"(divided by |S|) over the threshold grid subject to coverage ≥ "
+                f"{choice['min_coverage']:g}")
+  if not choice["feasible"]:
+    return f"**Deployment threshold**: none — {constraint} is infeasible: {choice['reason']}."
+  return (f"**Deployment threshold** ({constraint}, `select_threshold`): τ = "
+          f"{choice['threshold']:.4g}, with coverage {fmt(choice['coverage'])}, selective risk "
+          f"{fmt(choice['selective_risk'])} and {choice['metric'].upper().replace('_PLUS', '+')} "
+          f"{fmt(choice['value'])}.")
+
+
+def worst_samples(confidences: Any, correct: Any, k: int, tau: float) -> dict[str, Any]:
+  """The ``k`` most damaging samples (most negative CWSA terms) at threshold ``tau``."""
+  c = np.asarray(confidences, np.float32)
+  result = contributions(c, np.asarray(correct, bool), np.float32(tau))
+  index = np.asarray(most_damaging(result, k=k))
+  terms = np.asarray(result.terms)
+  return {"tau": float(np.float32(tau)), "k": k,
+          "samples": [{"index": int(i), "confidence": float(c[i]), "term": float(terms[i])}
+                      for i in index]}
+
+
 def _json_value(x: Any) -> Any:
   if isinstance(x, Mapping):
     return {k: _json_value(v) for k, v in x.items()}
@@ -279,13 +364,19 @@ def fresh_output_dir(base: str) -> Path:
 
 
 def write_model_figures(out_dir: Path, confidences: Any, correct: Any, metrics: Mapping[str, Any],
-                        settings: Settings, *, name: str) -> list[tuple[str, str]]:
-  """threshold_curves.png, reliability_diagram.png, risk_coverage.png; returns (file, caption)."""
+                        settings: Settings, *, name: str,
+                        choice: Mapping[str, Any] | None = None) -> list[tuple[str, str]]:
+  """threshold_curves.png, reliability_diagram.png, risk_coverage.png; returns (file, caption).
+
+  A feasible ``choice`` (from :func:`choose_threshold`) is marked on the curves.
+  """
   figures = []
   sweep_fields = metrics["sweep"]
   cwsa_label = "CWSA" if settings.normalize == "retained" else "CWSA ÷ n (published code)"
+  marker = choice["threshold"] if choice is not None and choice["feasible"] else None
   fig = plots.threshold_curves(sweep_fields, title=f"{name}: selective metrics vs. threshold",
-                               labels={"cwsa": cwsa_label})
+                               labels={"cwsa": cwsa_label}, marker=marker,
+                               marker_label=None if marker is None else marker_text(choice))
   plots.save(fig, out_dir / "threshold_curves.png")
   figures.append(("threshold_curves.png", "Selective accuracy, CWSA, CWSA+ and coverage vs. threshold."))
   bins = calibration_bins(confidences, correct, num_bins=settings.num_bins, binning=settings.binning)
@@ -301,6 +392,56 @@ def write_model_figures(out_dir: Path, confidences: Any, correct: Any, metrics: 
   plots.save(fig, out_dir / "risk_coverage.png")
   figures.append(("risk_coverage.png", "Selective risk and generalized risk vs. coverage."))
   return figures
+
+
+def marker_text(choice: Mapping[str, Any]) -> str:
+  """Legend text of the selected threshold."""
+  return f"selected τ = {choice['threshold']:.3g} (coverage ≥ {choice['min_coverage']:g})"
+
+
+def _nearest(thresholds: np.ndarray, tau: float) -> int:
+  return int(np.argmin(np.abs(np.asarray(thresholds, np.float64) - tau)))
+
+
+def group_section(title: str, groups: Mapping[str, Any], key: str) -> list[str]:
+  """Markdown lines: per-group coverage, selective accuracy and CWSA at τ ≈ 0.5 and 0.9."""
+  thresholds = np.asarray(groups["sweep"]["thresholds"])
+  cols = [_nearest(thresholds, t) for t in GROUP_TAUS]
+  headers = ["group", "n"]
+  for j in cols:
+    tau = f"{thresholds[j]:.3g}"
+    headers += [f"coverage@{tau}", f"sel. acc.@{tau}", f"CWSA@{tau}"]
+  fields = ("coverage", "selective_accuracy", "cwsa")
+  rows = []
+  names = groups["names"]
+  for g, name in enumerate(names[:MAX_GROUP_ROWS]):
+    row = [str(name), str(int(groups["counts"][g]))]
+    for j in cols:
+      row += [fmt(groups["sweep"][f][g][j]) for f in fields]
+    rows.append(row)
+  gap = ["best − worst", ""]
+  for j in cols:
+    gap += [fmt(groups["gap"][f][j]) for f in fields]
+  rows.append(gap)
+  more = (f" Only the first {MAX_GROUP_ROWS} of {len(names)} groups are shown."
+          if len(names) > MAX_GROUP_ROWS else "")
+  return [f"## {title}", "", markdown_table(headers, rows), "",
+          f"Every group's full sweep and the best-worst gap at each threshold are in "
+          f"`metrics.json` (`{key}`); empty retained sets show as —.{more}", ""]
+
+
+def worst_section(worst: Mapping[str, Any]) -> list[str]:
+  """Markdown lines listing the most damaging samples."""
+  rows = [[str(s["index"]), fmt(s["confidence"]), fmt(s["term"])] for s in worst["samples"]]
+  lines = [f"## Most damaging samples (τ = {worst['tau']:.4g})", "",
+           f"The (at most) {worst['k']} retained wrong predictions with the most negative CWSA "
+           f"terms φ(c)(2·correct − 1), i.e. the most confident mistakes (`most_damaging`); the "
+           "index is the 0-based position in the input.", ""]
+  if rows:
+    lines += [markdown_table(("index", "confidence", "CWSA term"), rows), ""]
+  else:
+    lines += ["No retained prediction is wrong.", ""]
+  return lines
 
 
 CONVENTIONS_NOTE = """\
@@ -364,6 +505,15 @@ def evaluation_report(*, title: str, source: str, metrics: Mapping[str, Any], se
       "The full sweep is in `metrics.json` (`sweep`).",
       "",
   ]
+  if "threshold_choice" in metrics:
+    parts += [choice_sentence(metrics["threshold_choice"]), ""]
+  if "classes" in metrics:
+    parts += group_section("Per-class breakdown (true class)", metrics["classes"], "classes")
+  if "groups" in metrics:
+    parts += group_section(f"Per-group breakdown (column `{metrics['groups']['column']}`)",
+                           metrics["groups"], "groups")
+  if "worst" in metrics:
+    parts += worst_section(metrics["worst"])
   if figures:
     parts += ["## Figures", ""]
     for file, caption in figures:

@@ -142,7 +142,8 @@ def _y_limits(ax, values: Sequence[np.ndarray]) -> None:
 
 def threshold_curves(result: Any, *, title: str | None = None, ax: Any = None,
                      metrics: Sequence[str] = _SWEEP_FIELDS, band: bool = True,
-                     labels: Mapping[str, str] | None = None) -> Figure:
+                     labels: Mapping[str, str] | None = None, marker: float | None = None,
+                     marker_label: str | None = None) -> Figure:
   """Selective accuracy, CWSA, CWSA+ and coverage against the threshold (the paper's figures).
 
   Args:
@@ -153,6 +154,9 @@ def threshold_curves(result: Any, *, title: str | None = None, ax: Any = None,
     metrics: which fields to draw.
     band: draw the std band for batched results.
     labels: optional legend text per field (default: "selective accuracy", "CWSA", ...).
+    marker: optional threshold to mark with a vertical line (e.g. the one
+      chosen by :func:`~cwsa_jax.select_threshold`).
+    marker_label: legend text of the marker (default "τ = <marker>").
 
   Returns:
     The figure holding the axes.
@@ -166,6 +170,9 @@ def threshold_curves(result: Any, *, title: str | None = None, ax: Any = None,
     _plot_metric(ax, tau, values, name, band=band, label=(labels or {}).get(name))
     drawn.append(_mean_band(values)[0])
   _y_limits(ax, drawn)
+  if marker is not None:
+    ax.axvline(float(marker), color="black", linestyle="-.", linewidth=1.2, alpha=0.8,
+               label=marker_label or f"τ = {float(marker):.3g}")
   ax.set_xlabel("threshold τ")
   ax.set_ylabel("metric value")
   ax.set_title(title or "Selective metrics vs. threshold")

@@ -417,3 +417,166 @@ def test_reproduce_paper_end_to_end(tmp_path, capsys):
 
 def test_reproduce_paper_bad_seeds(tmp_path, capsys):
   check_bad(tmp_path, capsys, ["reproduce-paper", "--seeds", "1"], "--seeds")
+
+
+# --------------------------------------------------------------------------
+# Issue 8: --group-by, per-class breakdown, deployment threshold, --worst
+# --------------------------------------------------------------------------
+
+
+def as_float(values):
+  """JSON lists (null for NaN) as float64 arrays."""
+  return np.array(values, dtype=object).astype(float)
+
+
+def check_group_section(section, c, ok, ids, names, tau):
+  """A metrics.json group section against sweep_by_group / group_gap called directly."""
+  from cwsa_jax._groups import group_gap, sweep_by_group
+  assert section["names"] == list(names)
+  assert section["counts"] == np.bincount(ids, minlength=len(names)).tolist()
+  direct = sweep_by_group(c, ok, ids, tau, num_groups=len(names))
+  for field in ("coverage", "selective_accuracy", "cwsa", "cwsa_plus"):
+    np.testing.assert_allclose(as_float(section["sweep"][field]),
+                               np.asarray(getattr(direct, field), np.float64), atol=1e-6)
+    np.testing.assert_allclose(as_float(section["gap"][field]),
+                               np.asarray(group_gap(direct, field), np.float64), atol=1e-6)
+  # And one group against the independent float64 reference of the plain sweep.
+  want = reference.sweep(c[ids == 0], ok[ids == 0], tau)
+  np.testing.assert_allclose(as_float(section["sweep"]["cwsa"])[0], want[:, 2], atol=2e-6)
+
+
+def test_evaluate_group_by_classes_threshold_and_worst(tmp_path, capsys, model):
+  from cwsa_jax._decompose import contributions, most_damaging
+  from cwsa_jax._select import select_threshold
+  c, ok = model.confidences, model.correct
+  sites = np.array(["north", "south", "east"])[np.arange(N) % 3]
+  rows = zip(model.labels, model.predictions, [repr(float(x)) for x in c], sites)
+  path = write_csv(tmp_path / "g.csv", "y_true,y_pred,confidence,Site", rows)
+  out = tmp_path / "eval"
+  stdout = run_ok(["evaluate", path, "--out", out, "--group-by", "site", "--worst", "7"], capsys)
+  assert "selected threshold" in stdout
+  m = load(out)
+  tau = np.round(0.5 + 0.01 * np.arange(50), 2).astype(np.float32)
+  # --group-by: string labels mapped to ids in sorted order.
+  names = ("east", "north", "south")
+  ids = np.searchsorted(np.array(names), sites)
+  assert m["groups"]["column"] == "site"
+  check_group_section(m["groups"], c, ok, ids, names, tau)
+  # Default per-class breakdown (true class from y_true).
+  classes = np.unique(model.labels)
+  check_group_section(m["classes"], c, ok, np.searchsorted(classes, model.labels),
+                      tuple(str(k) for k in classes), tau)
+  # Deployment threshold: select_threshold with the default constraint.
+  want = select_threshold(c, ok, metric="cwsa", min_coverage=0.8, thresholds=tau)
+  choice = m["threshold_choice"]
+  assert choice["feasible"] is True and choice["metric"] == "cwsa" and choice["min_coverage"] == 0.8
+  for key in ("threshold", "coverage", "selective_risk", "value"):
+    assert choice[key] == pytest.approx(getattr(want, key), abs=1e-6), key
+  assert choice["coverage"] >= 0.8 - 1e-6
+  # --worst 7: most_damaging at the lowest grid threshold.
+  result = contributions(c, ok, np.float32(0.5))
+  index = np.asarray(most_damaging(result, k=7))
+  worst = m["worst"]
+  assert worst["k"] == 7 and worst["tau"] == pytest.approx(0.5)
+  assert [s["index"] for s in worst["samples"]] == index.tolist() and index.size == 7
+  for s in worst["samples"]:
+    assert not ok[s["index"]]
+    assert s["confidence"] == pytest.approx(float(c[s["index"]]), abs=1e-6)
+    assert s["term"] == pytest.approx(-(float(c[s["index"]]) - 0.5) / 0.5, abs=2e-6)
+  report = (out / "report.md").read_text()
+  assert "## Per-class breakdown" in report and "## Per-group breakdown (column `site`)" in report
+  assert "| north |" in report and "best − worst" in report
+  assert f"τ = {want.threshold:.4g}" in report and "## Most damaging samples" in report
+  assert f"| {index[0]} |" in report
+  assert (out / "threshold_curves.png").is_file()
+
+
+def test_evaluate_integer_groups_and_infeasible_threshold(tmp_path, capsys, model):
+  c, ok = model.confidences, model.correct
+  labels = np.array([10, 2, -1])[np.arange(N) % 3]
+  rows = zip([repr(float(x)) for x in c], ok.astype(int), labels)
+  path = write_csv(tmp_path / "g.csv", "confidence,correct,batch", rows)
+  out = tmp_path / "eval"
+  # Two thresholds near 1: no threshold keeps 80 % coverage; the report says so, no failure.
+  run_ok(["evaluate", path, "--out", out, "--group-by", "batch", "--no-figures",
+          "--thresholds", "0.97,0.99"], capsys)
+  m = load(out)
+  names = ("-1", "2", "10")  # numeric order
+  ids = np.searchsorted(np.array([-1, 2, 10]), labels)
+  check_group_section(m["groups"], c, ok, ids, names, np.array([0.97, 0.99], np.float32))
+  assert "classes" not in m  # no true labels in a confidence,correct CSV
+  assert "worst" not in m
+  assert m["threshold_choice"]["feasible"] is False
+  assert "no threshold" in m["threshold_choice"]["reason"]
+  report = (out / "report.md").read_text()
+  assert "**Deployment threshold**: none" in report and "infeasible" in report
+
+
+def test_evaluate_npz_labels_give_the_class_breakdown(tmp_path, capsys, model):
+  probs = np.asarray(synthetic.to_probs(model))
+  np.savez(tmp_path / "probs.npz", probs=probs, labels=model.labels)
+  out = tmp_path / "eval"
+  run_ok(["evaluate", tmp_path / "probs.npz", "--out", out, "--no-figures"], capsys)
+  m = load(out)
+  conf = probs.max(axis=1).astype(np.float32)
+  ok = probs.argmax(axis=1) == model.labels
+  classes = np.unique(model.labels)
+  check_group_section(m["classes"], conf, ok, np.searchsorted(classes, model.labels),
+                      tuple(str(k) for k in classes),
+                      np.round(0.5 + 0.01 * np.arange(50), 2).astype(np.float32))
+
+
+@pytest.mark.parametrize("flags, fragments", [
+    (["--group-by", "site"], ["preds.csv", "--group-by column 'site' not found"]),
+    (["--worst", "0"], ["--worst must be >= 1"]),
+])
+def test_bad_issue8_flags(tmp_path, capsys, csv_file, flags, fragments):
+  check_bad(tmp_path, capsys, ["evaluate", csv_file, *flags], *fragments)
+
+
+def test_group_by_needs_a_csv(tmp_path, capsys, model):
+  np.savez(tmp_path / "c.npz", confidences=model.confidences, correct=model.correct)
+  check_bad(tmp_path, capsys, ["evaluate", tmp_path / "c.npz", "--group-by", "site"],
+            "--group-by needs a CSV")
+
+
+def test_threshold_marker_on_the_curves(model):
+  from cwsa_jax import plots
+  from cwsa_jax._sweep import sweep
+  tau = plots.default_thresholds()
+  fig = plots.threshold_curves(sweep(model.confidences, model.correct, tau), marker=0.7,
+                               marker_label="selected τ = 0.7")
+  ax = fig.axes[0]
+  texts = [t.get_text() for t in ax.get_legend().get_texts()]
+  assert "selected τ = 0.7" in texts
+  line = [ln for ln in ax.get_lines() if ln.get_label() == "selected τ = 0.7"][0]
+  assert list(line.get_xdata()) == [0.7, 0.7]
+
+
+def test_demo_states_the_selected_threshold(tmp_path, capsys):
+  from cwsa_jax._cmd_demo import build_cases
+  from cwsa_jax._select import select_threshold
+  out = tmp_path / "demo"
+  run_ok(["demo", "--out", out, "--seeds", "3", "--n", "400", "--no-figures"], capsys)
+  m = load(out)
+  cases, conf, ok = build_cases(0, 3, 400)
+  tau = np.round(0.5 + 0.01 * np.arange(50), 2).astype(np.float32)
+  report = (out / "report.md").read_text()
+  assert "## Deployment threshold" in report
+  feasible = 0
+  for i, case in enumerate(cases):
+    if case["group"] != "model":
+      continue
+    choice = m["models"][case["name"]]["threshold_choice"]
+    pooled_c, pooled_ok = np.asarray(conf[i]).reshape(-1), np.asarray(ok[i]).reshape(-1)
+    try:
+      want = select_threshold(pooled_c, pooled_ok, metric="cwsa", min_coverage=0.8, thresholds=tau)
+    except ValueError:
+      assert choice["feasible"] is False
+      continue
+    feasible += 1
+    assert choice["feasible"] is True
+    assert choice["threshold"] == pytest.approx(want.threshold, abs=1e-6)
+    assert choice["value"] == pytest.approx(want.value, abs=1e-6)
+  assert feasible >= 1
+  assert m["models"]["underconfident"]["threshold_choice"]["feasible"] is False  # coverage <= 0.6
