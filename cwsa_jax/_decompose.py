@@ -24,7 +24,6 @@ import jax.numpy as jnp
 
 from cwsa_jax import _stats
 from cwsa_jax import _validation
-from cwsa_jax._sweep import _check_samples
 
 METRICS = ("cwsa", "cwsa_plus")
 
@@ -93,7 +92,7 @@ def contributions(confidences, correct, tau, *, metric: str = "cwsa") -> Contrib
   tau = _validation.as_float_array(tau, "tau")
   if tau.ndim != 0:
     raise ValueError(f"tau must be a scalar, got shape {tau.shape}")
-  _check_samples(confidences, correct)
+  _validation.check_samples(confidences, correct)
   _validation.check_threshold(tau)
   return _contributions(confidences.astype(jnp.float32), correct, tau.astype(jnp.float32),
                         metric == "cwsa_plus")

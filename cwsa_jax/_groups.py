@@ -142,7 +142,7 @@ def sweep_by_group(confidences, correct, groups, thresholds, *, num_groups: int,
   if thresholds.ndim != 1:
     raise ValueError(f"thresholds must be 1-D [T], got shape {thresholds.shape}")
   _validation.check_nonempty(thresholds, "thresholds")
-  _sweep._check_samples(confidences, correct)
+  _validation.check_samples(confidences, correct)
   _validation.check_same_leading_shape(confidences, groups, "confidences", "groups")
   _validation.check_threshold(thresholds, "thresholds")
   fn = functools.partial(_sweep_by_group_1d, num_groups=num_groups)

@@ -25,7 +25,6 @@ import jax.numpy as jnp
 from cwsa_jax import _exact
 from cwsa_jax import _stats
 from cwsa_jax import _validation
-from cwsa_jax._sweep import _check_samples
 
 
 @jax.jit
@@ -54,7 +53,7 @@ def _metrics(confidences, correct, tau, normalize: str = "retained") -> _stats.M
   tau = _validation.as_float_array(tau, "tau")
   if tau.ndim != 0:
     raise ValueError(f"tau must be a scalar, got shape {tau.shape}; use sweep() for many thresholds")
-  _check_samples(confidences, correct)
+  _validation.check_samples(confidences, correct)
   _validation.check_threshold(tau)
   fn = _metrics_1d
   for _ in range(confidences.ndim - 1):

@@ -97,12 +97,7 @@ def _check_normalize(normalize: str) -> None:
 def _prepare(confidences: Any, correct: Any) -> tuple[jax.Array, jax.Array]:
   confidences = _validation.as_float_array(confidences, "confidences")
   correct = _validation.as_correct(correct)
-  _validation.check_same_leading_shape(confidences, correct, "confidences", "correct")
-  if confidences.ndim == 0:
-    raise ValueError("confidences must have a samples axis [..., n], got a scalar")
-  if confidences.shape[-1] == 0:
-    raise ValueError("confidences is empty: at least one sample is needed")
-  _validation.check_finite_in_unit_interval(confidences, "confidences")
+  _validation.check_samples(confidences, correct)
   dtype = jnp.promote_types(confidences.dtype, jnp.float32)
   return confidences.astype(dtype), correct.astype(dtype)
 

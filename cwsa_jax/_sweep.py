@@ -166,7 +166,7 @@ def sweep(confidences, correct, thresholds, *, normalize: str = "retained") -> S
   if thresholds.ndim != 1:
     raise ValueError(f"thresholds must be 1-D [T], got shape {thresholds.shape}")
   _validation.check_nonempty(thresholds, "thresholds")
-  _check_samples(confidences, correct)
+  _validation.check_samples(confidences, correct)
   _validation.check_threshold(thresholds, "thresholds")
   fn = _sweep_1d
   for _ in range(confidences.ndim - 1):
@@ -174,11 +174,3 @@ def sweep(confidences, correct, thresholds, *, normalize: str = "retained") -> S
   result = fn(confidences.astype(jnp.float32), correct, thresholds.astype(jnp.float32))
   return _stats.renormalize(result, normalize)
 
-
-def _check_samples(confidences: jax.Array, correct: jax.Array) -> None:
-  _validation.check_same_leading_shape(confidences, correct, "confidences", "correct")
-  if confidences.ndim == 0:
-    raise ValueError("confidences must have a samples axis [..., n], got a scalar")
-  if confidences.shape[-1] == 0:
-    raise ValueError("confidences is empty: at least one sample is needed")
-  _validation.check_finite_in_unit_interval(confidences, "confidences")

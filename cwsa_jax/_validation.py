@@ -48,6 +48,16 @@ def check_same_leading_shape(a: jax.Array, b: jax.Array, name_a: str, name_b: st
     raise ValueError(f"{name_a} and {name_b} must have the same shape, got {a.shape} and {b.shape}")
 
 
+def check_samples(confidences: jax.Array, correct: jax.Array) -> None:
+  """Raises unless confidences [..., n] and correct share a shape with n >= 1 and c in [0, 1]."""
+  check_same_leading_shape(confidences, correct, "confidences", "correct")
+  if confidences.ndim == 0:
+    raise ValueError("confidences must have a samples axis [..., n], got a scalar")
+  if confidences.shape[-1] == 0:
+    raise ValueError("confidences is empty: at least one sample is needed")
+  check_finite_in_unit_interval(confidences, "confidences")
+
+
 def check_finite_in_unit_interval(x: jax.Array, name: str) -> None:
   """Raises if ``x`` (concrete) holds NaN, inf, or values outside [0, 1]."""
   if not is_concrete(x):
