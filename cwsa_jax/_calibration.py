@@ -107,6 +107,18 @@ def _edges(c: jax.Array, num_bins: int, binning: str) -> jax.Array:
   return jnp.concatenate([jnp.zeros((1,), jnp.float32), interior, jnp.ones((1,), jnp.float32)])
 
 
+def bin_index(c: jax.Array, edges: jax.Array) -> jax.Array:
+  """Bin of each confidence: ``j`` with ``e_j <= c < e_{j+1}`` (the last bin closed)."""
+  if edges.shape[0] == 2:
+    return jnp.zeros(c.shape, jnp.int32)
+  return jnp.searchsorted(edges[1:-1], c, side="right").astype(jnp.int32)
+
+
+def width_edges(num_bins: int) -> jax.Array:
+  """The ``num_bins + 1`` equal-width edges ``float32(j) / float32(num_bins)``."""
+  return _edges(jnp.zeros((1,), jnp.float32), num_bins, "width")
+
+
 class _BinSums(NamedTuple):
   edges: jax.Array
   count: jax.Array      # int32 [B]
@@ -117,10 +129,7 @@ class _BinSums(NamedTuple):
 
 def _bin_sums(c: jax.Array, k: jax.Array, num_bins: int, binning: str) -> _BinSums:
   edges = _edges(c, num_bins, binning)
-  if num_bins == 1:
-    index = jnp.zeros(c.shape, jnp.int32)
-  else:
-    index = jnp.searchsorted(edges[1:-1], c, side="right").astype(jnp.int32)
+  index = bin_index(c, edges)
   columns = (c, k, c - k)
   if num_bins <= _ONE_HOT_MAX_BINS:
     one_hot = index[:, None] == jnp.arange(num_bins, dtype=jnp.int32)[None, :]

@@ -124,6 +124,16 @@ def segment_sums(
   return jax.lax.fori_loop(0, num_chunks, body, (zeros, zeros))
 
 
+def add(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+  """Exact sum of two ``(hi, lo)`` pairs, in canonical form (``0 <= lo < 4096``)."""
+  return _normalize(a[0] + b[0], a[1] + b[1])
+
+
+def canonical(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The canonical ``(hi, lo)`` of an exact sum whose ``lo`` may exceed 4096 (e.g. after a psum)."""
+  return _normalize(hi, lo)
+
+
 def suffix_sums(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Exact reverse cumulative sums along axis 0: out[b] = sum_{b' >= b} in[b']."""
   hi, lo = _normalize(hi, lo)

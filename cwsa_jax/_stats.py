@@ -99,7 +99,7 @@ class Metrics(NamedTuple):
   cwsa_plus: jax.Array
 
 
-def metrics_from_sums(sums: Sums, tau: jax.Array, n: int) -> Metrics:
+def metrics_from_sums(sums: Sums, tau: jax.Array, n) -> Metrics:
   """Coverage, selective accuracy, CWSA and CWSA+ from the retained-set sums.
 
   Empty S gives CWSA = CWSA+ = 0 and selective accuracy NaN.
@@ -112,7 +112,7 @@ def metrics_from_sums(sums: Sums, tau: jax.Array, n: int) -> Metrics:
   cwsa_sum = (2.0 * correct - count) - (2.0 * uk - u) / one_minus_tau
   plus_sum = correct - uk / one_minus_tau
   return Metrics(
-      coverage=count / jnp.float32(n),
+      coverage=count / jnp.asarray(n, jnp.float32),
       selective_accuracy=jnp.where(nonempty, correct / safe_count, jnp.nan),
       cwsa=jnp.where(nonempty, cwsa_sum / safe_count, 0.0),
       cwsa_plus=jnp.where(nonempty, plus_sum / safe_count, 0.0),

@@ -83,33 +83,64 @@ def bucketize(confidences: jax.Array, sorted_thresholds: jax.Array, first: jax.A
   return jax.lax.fori_loop(0, num_steps, step, start)
 
 
-@jax.jit
-def _sweep_1d(confidences, correct, thresholds):
-  n = confidences.shape[0]
-  num_thresholds = thresholds.shape[0]
-  graded = correct.dtype != jnp.bool_
+def sorted_thresholds(thresholds: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(argsort order, sorted thresholds) of a [T] threshold vector."""
   order = jnp.argsort(thresholds)
-  sorted_thresholds = thresholds[order]
-  first, counts, max_per_cell = bucket_table(sorted_thresholds, num_cells(num_thresholds))
+  return order, thresholds[order]
 
-  def columns_fn(c, kappa):
-    bucket = bucketize(jnp.clip(c, 0.0, 1.0), sorted_thresholds, first, counts, max_per_cell)
-    return _stats.segment_columns(c, kappa, bucket)
 
+def bucket_sums(confidences: jax.Array, correct: jax.Array, sorted_thresh: jax.Array,
+                mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """Exact per-bucket statistics ``(hi, lo)``, int32 [T + 1, W], of 1-D samples.
+
+  Bucket ``b`` holds the samples with exactly ``b`` sorted thresholds <= c;
+  W is 6 (binary correctness: wrong and correct segments of 3 columns) or 12
+  (graded). Samples with ``mask`` False are left out. The sums are exact
+  integers in canonical form, so adding two of them (and normalising) gives
+  bit-for-bit the sums of the concatenated samples.
+  """
+  num_thresholds = sorted_thresh.shape[0]
+  graded = correct.dtype != jnp.bool_
+  first, counts, max_per_cell = bucket_table(sorted_thresh, num_cells(num_thresholds))
   per_bucket = _stats.segments_per_bucket(graded)
-  hi, lo = _exact.segment_sums(columns_fn, [confidences, correct], per_bucket * (num_thresholds + 1))
-  # [buckets * per_bucket, K] -> [buckets, per_bucket * K]; then sums over buckets >= b.
-  hi, lo = (x.reshape(num_thresholds + 1, -1) for x in (hi, lo))
+  num_segments = per_bucket * (num_thresholds + 1)
+
+  def columns_fn(c, kappa, *keep):
+    bucket = bucketize(jnp.clip(c, 0.0, 1.0), sorted_thresh, first, counts, max_per_cell)
+    ids, cols = _stats.segment_columns(c, kappa, bucket)
+    if keep:  # out-of-range ids are dropped by the segment sum
+      ids = jnp.where(keep[0], ids, num_segments)
+    return ids, cols
+
+  arrays = [confidences, correct] + ([] if mask is None else [mask])
+  hi, lo = _exact.segment_sums(columns_fn, arrays, num_segments)
+  # [buckets * per_bucket, K] -> [buckets, per_bucket * K]
+  return hi.reshape(num_thresholds + 1, -1), lo.reshape(num_thresholds + 1, -1)
+
+
+def result_from_bucket_sums(hi: jax.Array, lo: jax.Array, thresholds: jax.Array,
+                            order: jax.Array, invalid: jax.Array) -> SweepResult:
+  """The :class:`SweepResult` of per-bucket sums (sorted order) at ``thresholds`` (user order)."""
+  num_thresholds = thresholds.shape[0]
+  graded = hi.shape[-1] != 6
   hi, lo = _exact.suffix_sums(hi, lo)
-  # Threshold j (sorted) retains the buckets j + 1, ..., T.
-  values = _exact.to_float(hi[1:], lo[1:])
+  # Threshold j (sorted) retains the buckets j + 1, ..., T; bucket 0 onwards is everything.
+  values = _exact.to_float(hi, lo)
   sums = _stats.sums_from_columns(values, graded)
-  metrics = _stats.metrics_from_sums(sums, sorted_thresholds, n)
+  n = sums.count[0]
+  metrics = _stats.metrics_from_sums(_stats.Sums(*(x[1:] for x in sums)), thresholds[order], n)
   inverse = jnp.zeros_like(order).at[order].set(jnp.arange(num_thresholds, dtype=order.dtype))
-  bad = _stats.invalid_inputs(confidences, correct)
-  bad_tau = bad | ~((thresholds >= 0) & (thresholds < 1))
+  bad_tau = invalid | ~((thresholds >= 0) & (thresholds < 1))
   fields = [jnp.where(bad_tau, jnp.nan, m[inverse]) for m in metrics]
   return SweepResult(thresholds, *fields)
+
+
+@jax.jit
+def _sweep_1d(confidences, correct, thresholds):
+  order, sorted_thresh = sorted_thresholds(thresholds)
+  hi, lo = bucket_sums(confidences, correct, sorted_thresh)
+  return result_from_bucket_sums(hi, lo, thresholds, order,
+                                 _stats.invalid_inputs(confidences, correct))
 
 
 def sweep(confidences, correct, thresholds, *, normalize: str = "retained") -> SweepResult:
