@@ -123,3 +123,22 @@ class _nullcontext:
 
   def __exit__(self, *exc):
     return False
+
+
+def test_cwsa_temperature_schedule_is_geometric_from_start_to_end():
+  import dataclasses as dc
+
+  import jax.numpy as jnp
+
+  from training.configs import get_config
+  from training.train import cwsa_temperature
+
+  const = dc.replace(get_config("mnist"), loss="cwsa", cwsa_temperature=0.05)
+  assert float(cwsa_temperature(const, jnp.uint32(7), 100)) == pytest.approx(0.05)
+  sched = dc.replace(const, cwsa_temperature_start=0.5)
+  values = [float(cwsa_temperature(sched, jnp.uint32(s), 100)) for s in (0, 50, 100, 150)]
+  assert values[0] == pytest.approx(0.5, rel=1e-6)
+  assert values[1] == pytest.approx((0.5 * 0.05) ** 0.5, rel=1e-5)  # geometric midpoint
+  assert values[2] == pytest.approx(0.05, rel=1e-5) and values[3] == pytest.approx(0.05, rel=1e-5)
+  with pytest.raises(ValueError, match="temperature start"):
+    dc.replace(sched, cwsa_temperature_start=0.0).validate()

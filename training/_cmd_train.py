@@ -26,7 +26,8 @@ def run(args: argparse.Namespace) -> int:
   overrides = {"loss": args.loss, "seed": args.seed}
   for flag, field in (("epochs", "epochs"), ("batch_size", "batch_size"), ("lr", "learning_rate"),
                       ("cwsa_weight", "cwsa_weight"), ("cwsa_tau", "cwsa_tau"),
-                      ("cwsa_temperature", "cwsa_temperature"), ("cwsa_correctness", "cwsa_correctness")):
+                      ("cwsa_temperature", "cwsa_temperature"), ("cwsa_correctness", "cwsa_correctness"),
+                      ("cwsa_temperature_start", "cwsa_temperature_start")):
     if getattr(args, flag) is not None:
       overrides[field] = getattr(args, flag)
   if args.cwsa_band is not None:
@@ -67,6 +68,8 @@ def add_parser(sub) -> None:
   p.add_argument("--cwsa-weight", type=float, default=None, help="weight of (1 - soft CWSA)")
   p.add_argument("--cwsa-tau", type=float, default=None, help="threshold of the soft CWSA")
   p.add_argument("--cwsa-temperature", type=float, default=None, help="sigmoid gate temperature")
+  p.add_argument("--cwsa-temperature-start", type=float, default=None,
+                 help="anneal the temperature geometrically from this value to --cwsa-temperature")
   p.add_argument("--cwsa-band", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
                  help="target the soft CWSA averaged over thresholds in [LOW, HIGH] instead of one tau")
   p.add_argument("--cwsa-correctness", choices=("probability", "hard"), default=None)

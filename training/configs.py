@@ -32,6 +32,9 @@ class TrainConfig:
   cwsa_weight: float = 0.5
   cwsa_tau: float = 0.5
   cwsa_temperature: float = 0.05
+  # If set, the temperature anneals geometrically from this value at step 0 to
+  # cwsa_temperature at the last step: T(s) = T0 (T1 / T0)^(s / total_steps).
+  cwsa_temperature_start: float | None = None
   cwsa_band: tuple[float, float] | None = None
   cwsa_correctness: str = "probability"
   seed: int = 0
@@ -53,6 +56,8 @@ class TrainConfig:
       raise ValueError(f"cwsa tau must lie in [0, 1), got {self.cwsa_tau}")
     if self.cwsa_temperature <= 0:
       raise ValueError(f"cwsa temperature must be > 0, got {self.cwsa_temperature}")
+    if self.cwsa_temperature_start is not None and self.cwsa_temperature_start <= 0:
+      raise ValueError(f"cwsa temperature start must be > 0, got {self.cwsa_temperature_start}")
 
 
 def mnist_config() -> TrainConfig:

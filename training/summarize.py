@@ -32,6 +32,8 @@ def command_for(config: dict, run_dir: str) -> str:
               f"--cwsa-temperature {config['cwsa_temperature']}"]
     if config.get("cwsa_band"):
       parts.append("--cwsa-band {} {}".format(*config["cwsa_band"]))
+    if config.get("cwsa_temperature_start"):
+      parts.append(f"--cwsa-temperature-start {config['cwsa_temperature_start']}")
   if config.get("max_steps"):
     parts.append(f"--max-steps {config['max_steps']}")
   return " ".join(parts)
@@ -46,6 +48,7 @@ def load_run(run_dir: Path) -> dict:
   row["config"] = {k: config[k] for k in ("epochs", "batch_size", "optimizer", "learning_rate",
                                           "weight_decay", "augment", "cwsa_weight", "cwsa_tau",
                                           "cwsa_temperature", "cwsa_band", "cwsa_correctness")}
+  row["config"]["cwsa_temperature_start"] = config.get("cwsa_temperature_start")
   return row
 
 
@@ -53,7 +56,8 @@ def _group_key(r):
   c = r["config"]
   variant = "ce" if r["loss"] == "ce" else (
       f"cwsa w={c['cwsa_weight']} tau={c['cwsa_tau']} T={c['cwsa_temperature']}"
-      + (f" band={tuple(c['cwsa_band'])}" if c.get("cwsa_band") else ""))
+      + (f" band={tuple(c['cwsa_band'])}" if c.get("cwsa_band") else "")
+      + (f" T0={c['cwsa_temperature_start']}" if c.get("cwsa_temperature_start") else ""))
   return r["dataset"], variant
 
 

@@ -73,14 +73,26 @@ def create_optimizer(config: TrainConfig, model: nnx.Module, steps_per_epoch: in
 # --------------------------------------------------------------------------- steps
 
 
-def loss_fn(model: nnx.Module, images: jax.Array, labels: jax.Array, config: TrainConfig):
+def cwsa_temperature(config: TrainConfig, step: jax.Array, total_steps: int) -> jax.Array:
+  """The sigmoid-gate temperature at ``step``: constant, or annealed geometrically
+  ``T0 (T1/T0)^(step/total_steps)`` when ``cwsa_temperature_start`` (T0) is set."""
+  end = jnp.float32(config.cwsa_temperature)
+  if config.cwsa_temperature_start is None:
+    return end
+  start = jnp.float32(config.cwsa_temperature_start)
+  frac = jnp.clip(step.astype(jnp.float32) / max(total_steps, 1), 0.0, 1.0)
+  return start * (end / start) ** frac
+
+
+def loss_fn(model: nnx.Module, images: jax.Array, labels: jax.Array, config: TrainConfig,
+            temperature: jax.Array | float | None = None):
   """Returns (loss, logits): cross-entropy, or CE + w (1 - soft CWSA) for loss='cwsa'."""
   logits = model(images)
   if config.loss == "cwsa":
     loss = cwsa_losses.cwsa_regularized_loss(
         logits, labels, weight=config.cwsa_weight, tau=config.cwsa_tau,
-        temperature=config.cwsa_temperature, band=config.cwsa_band,
-        correctness=config.cwsa_correctness)
+        temperature=config.cwsa_temperature if temperature is None else temperature,
+        band=config.cwsa_band, correctness=config.cwsa_correctness)
   else:
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
   return loss, logits
@@ -92,12 +104,13 @@ def _preprocess(images: jax.Array, config: TrainConfig, key: jax.Array | None) -
   return data_lib.normalize(images, dataset=config.dataset)
 
 
-def make_train_step(config: TrainConfig) -> Callable:
+def make_train_step(config: TrainConfig, total_steps: int = 1) -> Callable:
   @nnx.jit
   def train_step(model, optimizer, images, labels, key):
     x = _preprocess(images, config, key)
+    temperature = cwsa_temperature(config, optimizer.step.value, total_steps)
     grad_fn = nnx.value_and_grad(loss_fn, has_aux=True)
-    (loss, logits), grads = grad_fn(model, x, labels, config)
+    (loss, logits), grads = grad_fn(model, x, labels, config, temperature)
     optimizer.update(model, grads)
     correct = jnp.sum(jnp.argmax(logits, -1) == labels)
     return loss, correct
@@ -273,7 +286,7 @@ def train_and_evaluate(config: TrainConfig, workdir: str | os.PathLike, dataset:
     total_steps = min(total_steps, max_steps)
   (workdir / "config.json").write_text(json.dumps({**config.__dict__, "max_steps": max_steps}, indent=1))
 
-  train_step = make_train_step(config)
+  train_step = make_train_step(config, config.epochs * steps_per_epoch)
   base_key = jax.random.key(config.seed)
   bar = Progress(total_steps, f"{config.dataset}/{config.loss} seed {config.seed}", progress)
   bar.update(step)
