@@ -423,6 +423,13 @@ class RiskCoverageState:
   exact digit sums of the loss ``1 - kappa``, and the smallest and largest key
   seen (to know whether the bin is one tie group).
 
+  Measured (``python benchmarks/streaming_aurc_error.py``,
+  results/benchmarks/streaming_aurc_error.json): the estimate's error and the
+  bound width shrink 4x per 2 extra bits. With the default 8 bits: error
+  4e-6 (width 9e-6) on 1e6 continuous synthetic confidences, 6e-5 (width
+  2.5e-4, AURC 0.059) on a CIFAR-10 CNN's 1e4 test predictions, 7e-8 on an
+  MNIST CNN's.
+
   Attributes:
     hi, lo: int32 [..., bins, 5]; key_min, key_max: int32 [..., bins];
     invalid: bool [...]; mantissa_bits: static int.
