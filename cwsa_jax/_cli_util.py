@@ -11,6 +11,18 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
+def add_synthetic_run_flags(p, *, default_out: str, seeds: int, num_samples: int) -> None:
+  """--out, --force, --seeds, --n, --seed: the flags of the synthetic-model commands."""
+  p.add_argument("--out", metavar="DIR",
+                 help=f"output directory (default ./{default_out}, or {default_out}-2, -3, ... "
+                 "when it exists)")
+  p.add_argument("--force", action="store_true", help="replace an existing --out directory")
+  p.add_argument("--seeds", type=int, default=seeds, help=f"seeds per model (default {seeds})")
+  p.add_argument("--n", type=int, default=num_samples,
+                 help=f"samples per model and seed (default {num_samples}, as in the paper)")
+  p.add_argument("--seed", type=int, default=0, help="base random seed (default 0)")
+
+
 class UserError(Exception):
   """A problem the user can fix (bad file, bad flag): printed as one line, exit 2."""
 

@@ -23,7 +23,7 @@ from cwsa_jax import _report
 from cwsa_jax import plots
 from cwsa_jax import synthetic
 from cwsa_jax._calibration import calibration_bins
-from cwsa_jax._cli_util import UserError, atomic_output_dir, write_json_atomic
+from cwsa_jax._cli_util import UserError, add_synthetic_run_flags, atomic_output_dir, write_json_atomic
 from cwsa_jax._risk_coverage import risk_coverage_curve
 
 DEFAULT_OUT = "cwsa-demo"
@@ -362,13 +362,7 @@ def add_parser(sub) -> None:
       "underconfident, perfect, random) and three stress tests (label noise, class imbalance, "
       "confidence shift) for many seeds at once, print a summary table and write report.md, "
       "metrics.json and figures.")
-  p.add_argument("--out", metavar="DIR",
-                 help=f"output directory (default ./{DEFAULT_OUT}, or {DEFAULT_OUT}-2, -3, ... "
-                 "when it exists)")
-  p.add_argument("--force", action="store_true", help="replace an existing --out directory")
-  p.add_argument("--seeds", type=int, default=100, help="seeds per case (default 100)")
-  p.add_argument("--n", type=int, default=synthetic.PAPER_NUM_SAMPLES,
-                 help="samples per model (default 1000, as in the paper)")
-  p.add_argument("--seed", type=int, default=0, help="base random seed (default 0)")
+  add_synthetic_run_flags(p, default_out=DEFAULT_OUT, seeds=100,
+                          num_samples=synthetic.PAPER_NUM_SAMPLES)
   p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
   p.set_defaults(func=run)

@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 from cwsa_jax import _report
 from cwsa_jax import plots
 from cwsa_jax import synthetic
-from cwsa_jax._cli_util import UserError, atomic_output_dir, write_json_atomic
+from cwsa_jax._cli_util import UserError, add_synthetic_run_flags, atomic_output_dir, write_json_atomic
 
 DEFAULT_OUT = "cwsa-reproduce"
 COLUMNS = ("selective_accuracy", "cwsa", "cwsa_plus", "coverage")
@@ -430,12 +430,6 @@ def add_parser(sub) -> None:
       description="Redraw the paper's synthetic models for many seeds, recompute its tables and "
       "quoted numbers under both CWSA normalisations, and write report.md, metrics.json and "
       "figures that mark which published entries are (not) reproduced, and why.")
-  p.add_argument("--out", metavar="DIR",
-                 help=f"output directory (default ./{DEFAULT_OUT}, or {DEFAULT_OUT}-2, ... when it "
-                 "exists)")
-  p.add_argument("--force", action="store_true", help="replace an existing --out directory")
-  p.add_argument("--seeds", type=int, default=1000, help="seeds per model (default 1000)")
-  p.add_argument("--n", type=int, default=synthetic.PAPER_NUM_SAMPLES,
-                 help="samples per model and seed (default 1000, as in the paper)")
-  p.add_argument("--seed", type=int, default=0, help="base random seed (default 0)")
+  add_synthetic_run_flags(p, default_out=DEFAULT_OUT, seeds=1000,
+                          num_samples=synthetic.PAPER_NUM_SAMPLES)
   p.set_defaults(func=run)

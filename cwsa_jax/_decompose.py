@@ -87,15 +87,8 @@ def contributions(confidences, correct, tau, *, metric: str = "cwsa") -> Contrib
   """
   if metric not in METRICS:
     raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
-  confidences = _validation.as_float_array(confidences, "confidences")
-  correct = _validation.as_correct(correct)
-  tau = _validation.as_float_array(tau, "tau")
-  if tau.ndim != 0:
-    raise ValueError(f"tau must be a scalar, got shape {tau.shape}")
-  _validation.check_samples(confidences, correct)
-  _validation.check_threshold(tau)
-  return _contributions(confidences.astype(jnp.float32), correct, tau.astype(jnp.float32),
-                        metric == "cwsa_plus")
+  confidences, correct, tau = _validation.prepare_at_threshold(confidences, correct, tau)
+  return _contributions(confidences, correct, tau, metric == "cwsa_plus")
 
 
 def most_damaging(result: Contributions, *, k: int = 10) -> jax.Array:

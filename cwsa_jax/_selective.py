@@ -48,17 +48,12 @@ def _metrics_1d(confidences, correct, tau):
 
 def _metrics(confidences, correct, tau, normalize: str = "retained") -> _stats.Metrics:
   _stats.check_normalize(normalize)
-  confidences = _validation.as_float_array(confidences, "confidences")
-  correct = _validation.as_correct(correct)
-  tau = _validation.as_float_array(tau, "tau")
-  if tau.ndim != 0:
-    raise ValueError(f"tau must be a scalar, got shape {tau.shape}; use sweep() for many thresholds")
-  _validation.check_samples(confidences, correct)
-  _validation.check_threshold(tau)
+  confidences, correct, tau = _validation.prepare_at_threshold(
+      confidences, correct, tau, hint="; use sweep() for many thresholds")
   fn = _metrics_1d
   for _ in range(confidences.ndim - 1):
     fn = jax.vmap(fn, in_axes=(0, 0, None))
-  return _stats.renormalize(fn(confidences.astype(jnp.float32), correct, tau.astype(jnp.float32)), normalize)
+  return _stats.renormalize(fn(confidences, correct, tau), normalize)
 
 
 def cwsa(confidences, correct, tau, *, normalize: str = "retained") -> jax.Array:

@@ -193,15 +193,11 @@ def sweep(confidences, correct, thresholds, *, normalize: str = "retained") -> S
   _stats.check_normalize(normalize)
   confidences = _validation.as_float_array(confidences, "confidences")
   correct = _validation.as_correct(correct)
-  thresholds = _validation.as_float_array(thresholds, "thresholds")
-  if thresholds.ndim != 1:
-    raise ValueError(f"thresholds must be 1-D [T], got shape {thresholds.shape}")
-  _validation.check_nonempty(thresholds, "thresholds")
+  thresholds = _validation.as_thresholds(thresholds)
   _validation.check_samples(confidences, correct)
-  _validation.check_threshold(thresholds, "thresholds")
   fn = _sweep_1d
   for _ in range(confidences.ndim - 1):
     fn = jax.vmap(fn, in_axes=(0, 0, None))
-  result = fn(confidences.astype(jnp.float32), correct, thresholds.astype(jnp.float32))
+  result = fn(confidences.astype(jnp.float32), correct, thresholds)
   return _stats.renormalize(result, normalize)
 

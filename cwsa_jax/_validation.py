@@ -145,3 +145,25 @@ def as_labels(labels: Any, name: str = "labels", *, num_classes: int | None = No
       raise ValueError(
           f"{name} must lie in [0, {num_classes}), got values in [{v.min()}, {v.max()}]")
   return arr
+
+
+def prepare_at_threshold(confidences: Any, correct: Any, tau: Any, *, hint: str = ""):
+  """Validated (float32 confidences [..., n], correctness, float32 scalar tau)."""
+  confidences = as_float_array(confidences, "confidences")
+  correct = as_correct(correct)
+  tau = as_float_array(tau, "tau")
+  if tau.ndim != 0:
+    raise ValueError(f"tau must be a scalar, got shape {tau.shape}{hint}")
+  check_samples(confidences, correct)
+  check_threshold(tau)
+  return confidences.astype(jnp.float32), correct, tau.astype(jnp.float32)
+
+
+def as_thresholds(thresholds: Any) -> jax.Array:
+  """Validated float32 thresholds [T] (T >= 1, each in [0, 1))."""
+  t = as_float_array(thresholds, "thresholds")
+  if t.ndim != 1:
+    raise ValueError(f"thresholds must be 1-D [T], got shape {t.shape}")
+  check_nonempty(t, "thresholds")
+  check_threshold(t, "thresholds")
+  return t.astype(jnp.float32)

@@ -155,7 +155,7 @@ class SweepState:
   @classmethod
   def empty(cls, thresholds: Any, *, graded: bool = False) -> "SweepState":
     """The state of no samples (the identity of :meth:`merge`)."""
-    t = _check_thresholds(thresholds)
+    t = _validation.as_thresholds(thresholds)
     width = _GRADED_WIDTH if graded else _BINARY_WIDTH
     zeros = jnp.zeros((t.shape[0] + 1, width), jnp.int32)
     return cls(t, zeros, zeros, jnp.zeros((), bool))
@@ -171,7 +171,7 @@ class SweepState:
       thresholds: [T] thresholds in [0, 1).
       mask: optional bool [..., n]; samples with False are ignored (padding).
     """
-    t = _check_thresholds(thresholds)
+    t = _validation.as_thresholds(thresholds)
     c, k, mask = _prepare_batch(confidences, correct, mask)
     fn = _batched(_sweep_state_1d, c.ndim - 1, (0, 0, None, None if mask is None else 0))
     hi, lo, invalid = fn(c, k, t, mask)
@@ -210,15 +210,6 @@ class SweepState:
     lead = self.hi.ndim - 2
     fn = _batched(_sweep_compute, lead, (None, 0, 0, 0))
     return _stats.renormalize(fn(self.thresholds, self.hi, self.lo, self.invalid), normalize)
-
-
-def _check_thresholds(thresholds: Any) -> jax.Array:
-  t = _validation.as_float_array(thresholds, "thresholds")
-  if t.ndim != 1:
-    raise ValueError(f"thresholds must be 1-D [T], got shape {t.shape}")
-  _validation.check_nonempty(t, "thresholds")
-  _validation.check_threshold(t, "thresholds")
-  return t.astype(jnp.float32)
 
 
 @jax.jit
@@ -577,7 +568,7 @@ def evaluate_batches(batches: Iterable, thresholds: Any, *, num_bins: int = 15,
     :func:`~cwsa_jax.ece` (``binning="width"``) and ``risk_coverage`` holds the
     binned AURC / AUGRC with bounds.
   """
-  t = _check_thresholds(thresholds)
+  t = _validation.as_thresholds(thresholds)
   states = None
   size = None
   count = 0
