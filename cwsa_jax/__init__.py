@@ -6,10 +6,19 @@ that turn probabilities or logits into (confidences, correct), and the classic
 references with named conventions: ECE family, Brier score, NLL, the
 risk-coverage curve, AURC, E-AURC, AUGRC and AUMCC; sigmoid-relaxed soft
 CWSA/CWSA+ (and ``cwsa_jax.losses`` for training), per-sample contributions,
-per-group sweeps and threshold selection.
+per-group sweeps and threshold selection; bootstrap confidence intervals
+(:func:`bootstrap_ci`, :func:`bootstrap_sweep`, :func:`paired_bootstrap`) and,
+in ``cwsa_jax.streaming``, exact mergeable metric states for batched and
+multi-device evaluation.
 """
 
 from cwsa_jax._aumcc import aumcc
+from cwsa_jax._bootstrap import BootstrapResult
+from cwsa_jax._bootstrap import PairedBootstrapResult
+from cwsa_jax._bootstrap import bootstrap_ci
+from cwsa_jax._bootstrap import bootstrap_samples
+from cwsa_jax._bootstrap import bootstrap_sweep
+from cwsa_jax._bootstrap import paired_bootstrap
 from cwsa_jax._calibration import CalibrationBins
 from cwsa_jax._calibration import calibration_bins
 from cwsa_jax._calibration import ece
@@ -48,8 +57,10 @@ from cwsa_jax._sweep import sweep
 __version__ = "0.1.0"
 
 __all__ = [
+    "BootstrapResult",
     "CalibrationBins",
     "Contributions",
+    "PairedBootstrapResult",
     "Predictions",
     "RiskCoverageCurve",
     "RiskCoverageSummary",
@@ -58,6 +69,9 @@ __all__ = [
     "aumcc",
     "augrc",
     "aurc",
+    "bootstrap_ci",
+    "bootstrap_samples",
+    "bootstrap_sweep",
     "brier_score",
     "calibration_bins",
     "confidences_from_logits",
@@ -72,6 +86,7 @@ __all__ = [
     "group_gap",
     "most_damaging",
     "nll",
+    "paired_bootstrap",
     "risk_at_coverage",
     "risk_coverage_curve",
     "risk_coverage_summary",

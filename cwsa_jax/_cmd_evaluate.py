@@ -10,6 +10,7 @@ import numpy as np
 from cwsa_jax import _io
 from cwsa_jax import _report
 from cwsa_jax._cli_util import UserError, atomic_output_dir, write_json_atomic
+from cwsa_jax._cmd_compare import add_bootstrap_flags, check_bootstrap_flags
 
 DEFAULT_OUT = "cwsa-evaluate"
 _NORMS = ("l1", "l2", "max")
@@ -54,6 +55,7 @@ def _scoring_rules(loaded: _io.LoadedPredictions) -> dict:
 
 def run(args: argparse.Namespace) -> int:
   settings = settings_from_args(args)
+  check_bootstrap_flags(args, allow_zero=True)
   if args.worst is not None and args.worst < 1:
     raise UserError(f"--worst must be >= 1, got {args.worst}")
   # Read and check everything before touching the output directory.
@@ -65,6 +67,12 @@ def run(args: argparse.Namespace) -> int:
   metrics = _report.compute_metrics(loaded.confidences, loaded.correct, settings)
   metrics.update(_scoring_rules(loaded))
   metrics.update(_breakdowns(loaded, settings, args))
+  intervals = None
+  if args.bootstrap:
+    from cwsa_jax import _intervals  # noqa: PLC0415
+    intervals = _intervals.evaluation_intervals(
+        loaded.confidences, loaded.correct, settings, num_resamples=args.bootstrap,
+        level=args.level, seed=args.seed)
   name = Path(args.file).name
   with atomic_output_dir(out, force=args.force) as tmp:
     figures = [] if args.no_figures else _report.write_model_figures(
@@ -72,15 +80,36 @@ def run(args: argparse.Namespace) -> int:
         choice=metrics["threshold_choice"])
     payload = {"command": "evaluate", "file": str(args.file), "source": loaded.source,
                "settings": settings.to_json(), **_report.to_json(metrics)}
+    if intervals is not None:
+      payload["intervals"] = intervals
     write_json_atomic(tmp / "metrics.json", payload)
     text = _report.evaluation_report(title=f"Evaluation of {name}", source=loaded.source,
                                      metrics=metrics, settings=settings, figures=figures,
                                      command="cwsa-jax evaluate")
+    if intervals is not None:
+      text += _intervals_markdown(metrics, intervals, settings)
     (tmp / "report.md").write_text(text, encoding="utf-8")
   _print_summary(loaded, metrics, settings)
+  if intervals is not None:
+    from cwsa_jax import _intervals  # noqa: PLC0415
+    print(f"\n{intervals['level']:.0%} percentile-bootstrap intervals "
+          f"({intervals['num_resamples']} resamples, seed {intervals['seed']}):")
+    print(_report.text_table(("metric", "value", "low", "high"),
+                             _intervals.interval_rows(metrics, intervals, settings)))
   print(f"\nWrote {out}/report.md, {out}/metrics.json"
         + ("" if args.no_figures else f" and {len(figures)} figures"))
   return 0
+
+
+def _intervals_markdown(metrics, intervals, settings) -> str:
+  from cwsa_jax import _intervals  # noqa: PLC0415
+  rows = _intervals.interval_rows(metrics, intervals, settings)
+  lines = ["", f"## {intervals['level']:.0%} bootstrap intervals", "",
+           f"Percentile bootstrap over {intervals['num_resamples']} resamples of the test set "
+           f"(seed {intervals['seed']}); every threshold's interval is in metrics.json "
+           "(`intervals`).", "", "| metric | value | low | high |", "|---|---:|---:|---:|"]
+  lines += [f"| {' | '.join(r)} |" for r in rows]
+  return "\n".join(lines) + "\n"
 
 
 def _breakdowns(loaded: _io.LoadedPredictions, settings: _report.Settings,
@@ -165,4 +194,5 @@ per group with --group-by COLUMN (CSV), and lists the most confident mistakes wi
                  help="list the K most damaging samples (confident and wrong) at the lowest "
                  "threshold of the grid")
   p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
+  add_bootstrap_flags(p, default_resamples=1000)
   p.set_defaults(func=run)

@@ -88,7 +88,7 @@ def segment_sums(
       int32, columns [K, C] int32)`` with every column entry in [0, 4096].
       (Columns are built feature-major, [K, C]: on CPU, stacking K arrays along
       a new last axis is several times slower than along a new first one.)
-    arrays: 1-D arrays of equal length n (the samples).
+    arrays: arrays with a leading samples axis of equal length n.
     num_segments: static number of segments.
     chunk_size: samples per chunk; 4096 * chunk_size must stay below 2^31.
 
@@ -119,7 +119,7 @@ def segment_sums(
 
   k = jax.eval_shape(
       lambda *a: columns_fn(*a)[1],
-      *[jax.ShapeDtypeStruct((chunk_size,), a.dtype) for a in arrays]).shape[0]
+      *[jax.ShapeDtypeStruct((chunk_size,) + a.shape[1:], a.dtype) for a in arrays]).shape[0]
   zeros = jnp.zeros((num_segments, k), dtype=jnp.int32)
   return jax.lax.fori_loop(0, num_chunks, body, (zeros, zeros))
 

@@ -580,3 +580,74 @@ def test_demo_states_the_selected_threshold(tmp_path, capsys):
     assert choice["value"] == pytest.approx(want.value, abs=1e-6)
   assert feasible >= 1
   assert m["models"]["underconfident"]["threshold_choice"]["feasible"] is False  # coverage <= 0.6
+
+
+# --------------------------------------------------------------------------
+# bootstrap intervals (evaluate) and compare
+# --------------------------------------------------------------------------
+
+
+def test_evaluate_reports_bootstrap_intervals(tmp_path, capsys, csv_file, model):
+  out = tmp_path / "eval"
+  stdout = run_ok(["evaluate", csv_file, "--out", out, "--no-figures", "--bootstrap", "200",
+                   "--thresholds", "0.5,0.9"], capsys)
+  assert "95% percentile-bootstrap intervals (200 resamples, seed 0)" in stdout
+  m = load(out)
+  iv = m["intervals"]
+  assert iv["num_resamples"] == 200 and iv["level"] == 0.95
+  for name in ("accuracy", "ece", "aurc", "augrc"):
+    assert iv["low"][name] <= m[name] <= iv["high"][name], name
+    assert iv["high"][name] - iv["low"][name] > 0, name
+  for j in range(2):
+    assert iv["low"]["cwsa"][j] <= m["sweep"]["cwsa"][j] <= iv["high"]["cwsa"][j]
+  assert "bootstrap intervals" in (out / "report.md").read_text()
+  # The accuracy interval is about +-1.96 sqrt(p(1-p)/n) wide.
+  p = model.correct.mean()
+  half = 1.96 * np.sqrt(p * (1 - p) / N)
+  assert (iv["high"]["accuracy"] - iv["low"]["accuracy"]) / 2 == pytest.approx(half, rel=0.25)
+  out2 = tmp_path / "eval0"
+  run_ok(["evaluate", csv_file, "--out", out2, "--no-figures", "--bootstrap", "0"], capsys)
+  assert "intervals" not in load(out2)
+
+
+@pytest.fixture()
+def pair(tmp_path, model):
+  """Model A (overconfident) and B: the same predictions with a much better ranking."""
+  c, ok = model.confidences, model.correct
+  better = np.where(ok, 0.9, 0.6).astype(np.float32) + np.float32(0.05) * c
+  np.savez(tmp_path / "a.npz", confidences=c, correct=ok)
+  np.savez(tmp_path / "b.npz", confidences=better, correct=ok)
+  return tmp_path / "a.npz", tmp_path / "b.npz", (c, ok), (better, ok)
+
+
+def test_compare_paired_difference_interval_and_p_value(tmp_path, capsys, pair):
+  a, b, (ca, oka), (cb, okb) = pair
+  out = tmp_path / "cmp.json"
+  stdout = run_ok(["compare", a, b, "--bootstrap", "300", "--out", out], capsys)
+  assert "A - B" in stdout and "aurc" in stdout
+  r = json.loads(out.read_text())
+  assert r["n"] == N and r["num_resamples"] == 300
+  want = ref_aurc_step(ca, oka) - ref_aurc_step(cb, okb)
+  assert r["difference"]["aurc"] == pytest.approx(want, abs=2e-6)
+  assert r["low"]["aurc"] <= r["difference"]["aurc"] <= r["high"]["aurc"]
+  assert r["low"]["aurc"] > 0 and r["p_value"]["aurc"] < 0.01  # B ranks far better
+  assert r["difference"]["accuracy"] == 0 and r["p_value"]["accuracy"] == 1  # same correctness
+  same = tmp_path / "same.json"
+  run_ok(["compare", a, a, "--bootstrap", "50", "--out", same], capsys)
+  s = json.loads(same.read_text())
+  assert all(v == 0 for v in s["difference"]["cwsa"]) and s["p_value"]["aurc"] == 1
+
+
+def test_compare_bad_input(tmp_path, capsys, pair, model):
+  a, b, _, _ = pair
+  np.savez(tmp_path / "short.npz", confidences=model.confidences[:10], correct=model.correct[:10])
+  check_bad(tmp_path, capsys, ["compare", a, tmp_path / "short.npz"], "same test set")
+  check_bad(tmp_path, capsys, ["compare", a, b, "--bootstrap", "0"], "--bootstrap must be >= 1")
+  check_bad(tmp_path, capsys, ["compare", a, b, "--level", "1.5"], "--level")
+  check_bad(tmp_path, capsys, ["compare", a, tmp_path / "missing.npz"], "missing.npz")
+  probs = np.full((N, 3), 1 / 3)
+  labels = np.arange(N) % 3
+  np.savez(tmp_path / "p1.npz", probs=probs, labels=labels)
+  np.savez(tmp_path / "p2.npz", probs=probs, labels=np.roll(labels, 1))
+  check_bad(tmp_path, capsys, ["compare", tmp_path / "p1.npz", tmp_path / "p2.npz"],
+            "different labels")

@@ -1,0 +1,350 @@
+"""Bootstrap intervals against float64 NumPy loops over the same resample indices.
+
+Every test uses fixed keys and seeds, so nothing here can flake: the
+statistical tests (coverage, width) have wide tolerances around values that
+are computed once and do not change between runs.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.extend.random import threefry_2x32
+
+import reference
+from cwsa_jax import SweepResult, cwsa, cwsa_plus, selective_accuracy, sweep
+from cwsa_jax._bootstrap import (BootstrapResult, PairedBootstrapResult, _resample_indices,
+                                 _scale, _threefry2x32, bootstrap_ci, bootstrap_samples,
+                                 bootstrap_sweep, paired_bootstrap)
+
+ATOL = 2e-6
+N = 400  # one sample size (and 4 N) throughout: each new shape is a new compilation
+B = 50
+GRID = np.linspace(0.5, 0.99, 50).astype(np.float32)
+KEY = jax.random.key(7)
+
+# Module-level metric functions: the jitted bootstrap compiles once per function object.
+CWSA_05 = lambda c, k: cwsa(c, k, 0.5)  # noqa: E731
+SWEEP = lambda c, k: sweep(c, k, GRID)  # noqa: E731
+SA_09 = lambda c, k: selective_accuracy(c, k, 0.9)  # noqa: E731
+
+
+def ARRAY(c, k):  # an array-valued metric [3]
+  return jnp.stack([cwsa(c, k, 0.5), cwsa_plus(c, k, 0.7), jnp.mean(k.astype(jnp.float32))])
+
+
+def ARRAY_REF(c, k):
+  return np.array([reference.hard_metrics(c, k, 0.5)[2], reference.hard_metrics(c, k, 0.7)[3],
+                   np.mean(np.asarray(k, np.float64))])
+
+
+def COVERAGE_FN(c, k):
+  return jnp.stack([cwsa(c, k, 0.5), selective_accuracy(c, k, 0.5)])
+
+
+def data(n=N, seed=0, graded=False):
+  """Calibrated synthetic scores: c ~ U[0, 1], correct ~ Bernoulli(c)."""
+  rng = np.random.default_rng(seed)
+  c = rng.uniform(0.0, 1.0, n).astype(np.float32)
+  ok = rng.uniform(0.0, 1.0, n).astype(np.float32) if graded else rng.uniform(size=n) < c
+  return c, ok
+
+
+def quantiles(values, level=0.95):
+  return np.nanquantile(np.asarray(values, np.float64), [(1 - level) / 2, (1 + level) / 2], axis=0)
+
+
+# --- the random indices -------------------------------------------------------------------
+
+def test_threefry_known_answers_and_jax():
+  # Random123's known-answer vectors for Threefry-2x32-20.
+  cases = [((0, 0), (0, 0), (0x6B200159, 0x99BA4EFE)),
+           ((0xFFFFFFFF,) * 2, (0xFFFFFFFF,) * 2, (0x1CB996FC, 0xBB002BE7)),
+           ((0x13198A2E, 0x03707344), (0x243F6A88, 0x85A308D3), (0xC4923A9C, 0x483DF7A0))]
+  u = lambda x: jnp.asarray(np.uint32(x))
+  for key, counter, want in cases:
+    got = _threefry2x32(u(key[0]), u(key[1]), u(counter[0]), u(counter[1]))
+    assert [int(g) for g in got] == list(want)
+  # And JAX's own threefry on random words.
+  rng = np.random.default_rng(0)
+  k = rng.integers(0, 2**32, 2, dtype=np.uint32)
+  x = rng.integers(0, 2**32, (2, 1000), dtype=np.uint32)
+  got = _threefry2x32(u(k[0]), u(k[1]), jnp.asarray(x[0]), jnp.asarray(x[1]))
+  want = threefry_2x32((u(k[0]), u(k[1])), jnp.asarray(x.reshape(-1)))
+  np.testing.assert_array_equal(np.concatenate([np.asarray(g) for g in got]), np.asarray(want))
+
+
+def test_multiply_shift_is_exact():
+  rng = np.random.default_rng(1)
+  w = rng.integers(0, 2**32, (2, 2000), dtype=np.uint32)
+  w[:, :4] = [[0, 0, 2**32 - 1, 2**32 - 1], [0, 2**32 - 1, 0, 2**32 - 1]]
+  for n in [1, 2, 3, 400, 10**5, 65537, 2**31 - 1]:
+    got = np.asarray(_scale(jnp.asarray(w[0]), jnp.asarray(w[1]), n))
+    want = [((int(a) << 32 | int(b)) * n) >> 64 for a, b in zip(w[0], w[1])]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_indices_uniform_independent_and_prefix_stable():
+  idx = np.asarray(_resample_indices(KEY, N, 500))
+  assert idx.shape == (500, N) and idx.dtype == np.int32
+  assert idx.min() >= 0 and idx.max() < N
+  # Pearson chi-square of the 200000 draws over 400 cells: 399 dof, sd 28.
+  counts = np.bincount(idx.reshape(-1), minlength=N)
+  chi2 = np.sum((counts - 500.0) ** 2 / 500.0)
+  assert 399 - 6 * 28 < chi2 < 399 + 6 * 28
+  # Distinct samples per resample: n (1 - (1 - 1/n)^n) = 0.6326 n on average.
+  distinct = np.mean([np.unique(row).size for row in idx]) / N
+  assert abs(distinct - (1 - (1 - 1 / N) ** N)) < 0.005
+  # Resample b depends on (key, b) only.
+  np.testing.assert_array_equal(np.asarray(_resample_indices(KEY, N, 20)), idx[:20])
+  assert np.mean(np.asarray(_resample_indices(jax.random.key(8), N, 20)) == idx[:20]) < 0.01
+  # Legacy uint32 keys are the same key.
+  np.testing.assert_array_equal(np.asarray(_resample_indices(jax.random.PRNGKey(7), N, 20)),
+                                idx[:20])
+
+
+# --- the resampled values and the interval --------------------------------------------------
+
+def test_scalar_metric_matches_float64_loop():
+  c, ok = data()
+  num = 500
+  idx = np.asarray(_resample_indices(KEY, N, num))
+  want = np.array([reference.hard_metrics(c[i], ok[i], 0.5)[2] for i in idx])
+  got = bootstrap_samples(CWSA_05, c, ok, key=KEY, num_resamples=num)
+  assert got.shape == (num,)
+  np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
+  r = bootstrap_ci(CWSA_05, c, ok, key=KEY, num_resamples=num)
+  assert isinstance(r, BootstrapResult)
+  np.testing.assert_allclose(r.estimate, reference.hard_metrics(c, ok, 0.5)[2], atol=ATOL)
+  np.testing.assert_allclose([r.low, r.high], quantiles(want), atol=ATOL, rtol=0)
+  r90 = bootstrap_ci(CWSA_05, c, ok, key=KEY, num_resamples=num, level=0.9)
+  np.testing.assert_allclose([r90.low, r90.high], quantiles(want, 0.9), atol=ATOL, rtol=0)
+  assert r.low < r90.low < r90.high < r.high
+
+
+@pytest.mark.parametrize("graded", [False, True])
+def test_whole_sweep_matches_float64_loop(graded):
+  c, ok = data(seed=2, graded=graded)
+  num = B
+  idx = np.asarray(_resample_indices(KEY, N, num))
+  want = np.stack([reference.sweep(c[i], ok[i], GRID) for i in idx])  # [B, T, 4]
+  r = bootstrap_ci(SWEEP, c, ok, key=KEY, num_resamples=num)
+  assert isinstance(r.estimate, SweepResult) and isinstance(r.low, SweepResult)
+  np.testing.assert_array_equal(r.low.thresholds, GRID)
+  np.testing.assert_array_equal(r.high.thresholds, GRID)
+  np.testing.assert_allclose(np.stack(r.estimate[1:], -1), reference.sweep(c, ok, GRID),
+                             atol=ATOL, equal_nan=True)
+  samples = bootstrap_samples(SWEEP, c, ok, key=KEY, num_resamples=num)
+  np.testing.assert_allclose(np.stack(samples[1:], -1), want, atol=ATOL, rtol=0, equal_nan=True)
+  low, high = quantiles(want)
+  np.testing.assert_allclose(np.stack(r.low[1:], -1), low, atol=ATOL, rtol=0)
+  np.testing.assert_allclose(np.stack(r.high[1:], -1), high, atol=ATOL, rtol=0)
+
+
+def test_array_and_dict_metrics():
+  c, ok = data(seed=3)
+  idx = np.asarray(_resample_indices(KEY, N, B))
+  want = np.stack([ARRAY_REF(c[i], ok[i]) for i in idx])
+  r = bootstrap_ci(ARRAY, c, ok, key=KEY, num_resamples=B)
+  assert r.low.shape == (3,)
+  np.testing.assert_allclose(r.estimate, ARRAY_REF(c, ok), atol=ATOL)
+  np.testing.assert_allclose(np.stack([r.low, r.high]), quantiles(want), atol=ATOL, rtol=0)
+  as_dict = bootstrap_ci(lambda c, k: {"cwsa": cwsa(c, k, 0.5), "n": jnp.sum(k)}, c, ok,
+                         key=KEY, num_resamples=B)
+  np.testing.assert_allclose([as_dict.low["cwsa"], as_dict.high["cwsa"]], [r.low[0], r.high[0]])
+  assert as_dict.estimate["n"] == ok.sum()
+  correct_counts = np.array([ok[i].sum() for i in idx])
+  np.testing.assert_allclose([as_dict.low["n"], as_dict.high["n"]], quantiles(correct_counts),
+                             rtol=1e-6)
+
+
+def test_nan_resamples_are_left_out():
+  # Two of N samples are above tau = 0.9: about e^-2 = 14% of resamples retain none,
+  # and their selective accuracy is NaN.
+  c = np.linspace(0.0, 0.5, N).astype(np.float32)
+  c[[10, 20]] = [0.95, 0.92]
+  ok = np.zeros(N, bool)
+  ok[10] = True
+  num = 200
+  idx = np.asarray(_resample_indices(KEY, N, num))
+  want = np.array([reference.hard_metrics(c[i], ok[i], 0.9)[1] for i in idx])
+  assert 10 < np.isnan(want).sum() < 60
+  samples = bootstrap_samples(SA_09, c, ok, key=KEY, num_resamples=num)
+  np.testing.assert_allclose(samples, want, atol=ATOL, equal_nan=True)
+  r = bootstrap_ci(SA_09, c, ok, key=KEY, num_resamples=num)
+  assert np.isfinite(r.low) and np.isfinite(r.high)
+  np.testing.assert_allclose([r.low, r.high], quantiles(want), atol=ATOL)
+  assert r.low == 0.0 and r.high == 1.0
+  # No resample retains anything: NaN bounds, not an error.
+  none = bootstrap_ci(SA_09, np.full(N, 0.3, np.float32), ok, key=KEY, num_resamples=num)
+  assert np.isnan(none.estimate) and np.isnan(none.low) and np.isnan(none.high)
+
+
+def test_chunking_does_not_change_values():
+  c, ok = data(seed=4)
+  small = bootstrap_samples(SWEEP, c, ok, key=KEY, num_resamples=B, chunk_size=7)
+  large = bootstrap_samples(SWEEP, c, ok, key=KEY, num_resamples=B, chunk_size=1000)
+  default = bootstrap_samples(SWEEP, c, ok, key=KEY, num_resamples=B)
+  single = bootstrap_samples(SWEEP, c, ok, key=KEY, num_resamples=B, chunk_size=1)
+  for a, b, d, e in zip(small, large, default, single):
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, d)
+    np.testing.assert_array_equal(a, e)
+  assert np.unique(small.cwsa[:, 0]).size > B // 2  # the resamples do differ
+
+
+def test_interval_brackets_estimate_and_narrows_as_one_over_sqrt_n():
+  widths = []
+  for n in [N, 4 * N]:
+    c, ok = data(n, seed=5)
+    r = bootstrap_ci(CWSA_05, c, ok, key=KEY, num_resamples=500)
+    assert r.low < r.estimate < r.high
+    widths.append(float(r.high - r.low))
+  assert 1.5 <= widths[0] / widths[1] <= 2.7, widths
+
+
+def test_coverage_of_known_population_values():
+  # c ~ U[0, 1], correct ~ Bernoulli(c): at tau = 0.5, phi = 2c - 1 = u ~ U[0, 1] on the
+  # retained half, so CWSA = E[u^2] = 1/3 and selective accuracy = E[c | c >= 0.5] = 3/4.
+  truth = np.array([1.0 / 3.0, 0.75])
+  reps = 200
+  rng = np.random.default_rng(11)
+  c = rng.uniform(0.0, 1.0, (reps, N)).astype(np.float32)
+  ok = rng.uniform(size=(reps, N)) < c
+  keys = jax.random.split(jax.random.key(12), reps)
+  r = jax.vmap(lambda c, k, key: bootstrap_ci(COVERAGE_FN, c, k, key=key, num_resamples=500,
+                                              chunk_size=25))(jnp.asarray(c), jnp.asarray(ok), keys)
+  assert r.low.shape == (reps, 2)
+  covered = np.mean((np.asarray(r.low) <= truth) & (truth <= np.asarray(r.high)), axis=0)
+  # 95% nominal; binomial sd over 200 replicates is 0.015.
+  assert np.all((0.88 <= covered) & (covered <= 0.995)), covered
+  # The vmapped call is the unbatched one, replicate by replicate.
+  one = bootstrap_ci(COVERAGE_FN, c[3], ok[3], key=keys[3], num_resamples=500, chunk_size=25)
+  np.testing.assert_allclose(np.stack([one.low, one.high]), np.stack([r.low[3], r.high[3]]),
+                             atol=1e-6)
+
+
+# --- paired ---------------------------------------------------------------------------------
+
+def p_value(d):
+  d = d[~np.isnan(d)]
+  below, above = np.sum(d <= 0), np.sum(d >= 0)
+  return min(1.0, 2 * min(1 + below, 1 + above) / (1 + d.size))
+
+
+def test_paired_identical_models():
+  c, ok = data(seed=6)
+  r = paired_bootstrap(ARRAY, c, ok, c, ok, key=KEY, num_resamples=B)
+  assert isinstance(r, PairedBootstrapResult)
+  np.testing.assert_array_equal(r.difference, 0.0)
+  np.testing.assert_array_equal(r.low, 0.0)
+  np.testing.assert_array_equal(r.high, 0.0)
+  np.testing.assert_array_equal(r.p_value, 1.0)
+  np.testing.assert_array_equal(r.estimate_a, r.estimate_b)
+
+
+def test_paired_better_model_and_swap():
+  c, ok_a = data(seed=7)
+  ok_b = np.random.default_rng(8).uniform(size=N) < 0.5  # correctness unrelated to confidence
+  r = paired_bootstrap(ARRAY, c, ok_a, c, ok_b, key=KEY, num_resamples=500)
+  np.testing.assert_allclose(r.estimate_a, ARRAY_REF(c, ok_a), atol=ATOL)
+  np.testing.assert_allclose(r.estimate_b, ARRAY_REF(c, ok_b), atol=ATOL)
+  np.testing.assert_allclose(r.difference, ARRAY_REF(c, ok_a) - ARRAY_REF(c, ok_b), atol=2 * ATOL)
+  # CWSA and CWSA+ of the calibrated model are clearly better.
+  assert np.all(r.p_value[:2] < 0.01) and np.all(r.low[:2] > 0), r
+  assert np.all(r.p_value[:2] >= 2 / 501)  # never 0
+  # The resampled differences are the two models' samples on the same indices.
+  d = (np.asarray(bootstrap_samples(ARRAY, c, ok_a, key=KEY, num_resamples=500))
+       - np.asarray(bootstrap_samples(ARRAY, c, ok_b, key=KEY, num_resamples=500)))
+  np.testing.assert_allclose(np.stack([r.low, r.high]), quantiles(d), atol=ATOL)
+  # (CWSA and CWSA+ sums are exact, so the ties d = 0 are the same in both computations.)
+  np.testing.assert_allclose(r.p_value[:2], [p_value(d[:, j]) for j in range(2)], rtol=1e-6)
+  assert 0.05 < r.p_value[2] <= 1.0  # accuracy: both about 0.5 on this data
+  swapped = paired_bootstrap(ARRAY, c, ok_b, c, ok_a, key=KEY, num_resamples=500)
+  np.testing.assert_array_equal(swapped.difference, -r.difference)
+  np.testing.assert_allclose(swapped.low, -r.high, atol=1e-6)
+  np.testing.assert_allclose(swapped.high, -r.low, atol=1e-6)
+  np.testing.assert_array_equal(swapped.p_value, r.p_value)
+
+
+def test_paired_whole_sweep_with_different_confidences():
+  c_a, ok_a = data(seed=9)
+  c_b = np.clip(c_a + np.random.default_rng(10).normal(0, 0.1, N), 0, 1).astype(np.float32)
+  r = paired_bootstrap(SWEEP, c_a, ok_a, c_b, ok_a, key=KEY, num_resamples=B)
+  assert isinstance(r.p_value, SweepResult)
+  np.testing.assert_array_equal(r.p_value.thresholds, 1.0)
+  idx = np.asarray(_resample_indices(KEY, N, B))
+  d = np.stack([reference.sweep(c_a[i], ok_a[i], GRID) - reference.sweep(c_b[i], ok_a[i], GRID)
+                for i in idx])[:, :, 2]  # CWSA
+  np.testing.assert_allclose(r.low.cwsa, quantiles(d)[0], atol=2 * ATOL)
+  np.testing.assert_allclose(r.high.cwsa, quantiles(d)[1], atol=2 * ATOL)
+
+
+# --- validation -----------------------------------------------------------------------------
+
+C4 = np.array([0.9, 0.2, 0.7, 0.4], np.float32)
+OK4 = np.array([1, 0, 1, 1])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"level": 0.0}, "level"), ({"level": 1.0}, "level"), ({"level": float("nan")}, "level"),
+    ({"level": "high"}, "level"), ({"num_resamples": 0}, "num_resamples"),
+    ({"num_resamples": 2.5}, "num_resamples"), ({"num_resamples": True}, "num_resamples"),
+    ({"chunk_size": 0}, "chunk_size"), ({"key": 0}, "key"),
+    ({"key": np.zeros(3, np.uint32)}, "key"),
+    ({"key": jax.random.split(jax.random.key(0), 2)}, "single PRNG key"),
+])
+def test_bad_arguments_raise(kwargs, match):
+  args = {"key": KEY, "num_resamples": 10, **kwargs}
+  with pytest.raises(ValueError, match=match):
+    bootstrap_ci(CWSA_05, C4, OK4, **args)
+
+
+@pytest.mark.parametrize("c, ok, match", [
+    (C4 * 2, OK4, r"\[0, 1\]"), (np.array([0.1, np.nan, 0.3, 0.4]), OK4, "NaN"),
+    (C4, OK4[:3], "same shape"), (C4[None], OK4[None], "1-D"), (C4[:0], OK4[:0], "empty"),
+    (C4, np.array([0, 2, 1, 1]), "0/1"), ("abc", OK4, "numeric"),
+])
+def test_bad_data_raises(c, ok, match):
+  with pytest.raises(ValueError, match=match):
+    bootstrap_ci(CWSA_05, c, ok, key=KEY, num_resamples=10)
+
+
+def test_bad_paired_inputs_and_fn_raise():
+  with pytest.raises(ValueError, match="same samples"):
+    paired_bootstrap(CWSA_05, C4, OK4, C4[:3], OK4[:3], key=KEY)
+  with pytest.raises(ValueError, match="model b"):
+    paired_bootstrap(CWSA_05, C4, OK4, C4 + 1, OK4, key=KEY)
+  with pytest.raises(ValueError, match="correct_a"):
+    paired_bootstrap(CWSA_05, C4, OK4 * 3, C4, OK4, key=KEY)
+  with pytest.raises(ValueError, match="fn"):
+    bootstrap_ci(0.5, C4, OK4, key=KEY)
+
+
+# --- the sweep's fast path ------------------------------------------------------------------
+
+SWEEP_ALL = lambda c, k: sweep(c, k, GRID, normalize="all")  # noqa: E731
+
+
+@pytest.mark.parametrize("graded", [False, True])
+def test_bootstrap_sweep_equals_generic_bootstrap_of_sweep(graded):
+  c, ok = data(graded=graded)
+  fast = bootstrap_sweep(c, ok, GRID, key=KEY, num_resamples=B)
+  generic = bootstrap_ci(SWEEP, c, ok, key=KEY, num_resamples=B)
+  for part in ("estimate", "low", "high"):
+    for f in ("coverage", "selective_accuracy", "cwsa", "cwsa_plus"):
+      np.testing.assert_allclose(np.asarray(getattr(getattr(fast, part), f)),
+                                 np.asarray(getattr(getattr(generic, part), f)), atol=1e-7,
+                                 err_msg=f"{part}.{f}")
+
+
+def test_bootstrap_sweep_normalize_all_is_applied_per_resample():
+  c, ok = data(seed=3)
+  fast = bootstrap_sweep(c, ok, GRID, key=KEY, num_resamples=B, normalize="all")
+  generic = bootstrap_ci(SWEEP_ALL, c, ok, key=KEY, num_resamples=B)
+  np.testing.assert_allclose(np.asarray(fast.low.cwsa), np.asarray(generic.low.cwsa), atol=1e-7)
+  np.testing.assert_allclose(np.asarray(fast.high.cwsa), np.asarray(generic.high.cwsa), atol=1e-7)
+  with pytest.raises(ValueError, match="normalize"):
+    bootstrap_sweep(c, ok, GRID, key=KEY, normalize="bogus")
+  with pytest.raises(ValueError, match="thresholds"):
+    bootstrap_sweep(c, ok, [1.5], key=KEY)
