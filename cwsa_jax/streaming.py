@@ -146,6 +146,14 @@ class SweepState:
     hi, lo: int32 [..., T + 1, W] exact per-bucket sums ``hi * 4096 + lo``
       (W = 6 for boolean correctness, 12 for graded).
     invalid: bool [...]: some sample was NaN or outside [0, 1] (under ``jit``).
+
+  Examples:
+    >>> import numpy as np
+    >>> c, ok = np.array([0.9, 0.6, 0.8, 0.55]), np.array([True, False, True, True])
+    >>> t = np.array([0.5, 0.7])
+    >>> s = SweepState.from_batch(c[:2], ok[:2], t).merge(SweepState.from_batch(c[2:], ok[2:], t))
+    >>> print([round(float(x), 4) for x in s.compute().cwsa])  # == sweep(c, ok, t).cwsa
+    [0.325, 0.5]
   """
   thresholds: jax.Array
   hi: jax.Array

@@ -63,6 +63,12 @@ def main() -> None:
   checks["risk_coverage_state_psum_equals_one_pass"] = bool(
       all(np.array_equal(getattr(rc_state, f), getattr(rc_one, f))
           for f in ("hi", "lo", "key_min", "key_max")))
+  # The states also work on a mesh with Explicit axes (jax.make_mesh's default).
+  explicit = jax.make_mesh((4,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+  es = [jax.device_put(x, NamedSharding(explicit, P("data"))) for x in (cp, kp, mask)]
+  efn = jax.jit(jax.shard_map(lambda c, k, m: SweepState.from_batch(c, k, t, mask=m).psum("data"),
+                              mesh=explicit, in_specs=(P("data"),) * 3, out_specs=P()))
+  checks["sweep_state_psum_explicit_mesh"] = bool(np.array_equal(efn(*es).hi, single.hi))
   print(json.dumps(checks))
 
 
