@@ -142,3 +142,37 @@ def test_cwsa_temperature_schedule_is_geometric_from_start_to_end():
   assert values[2] == pytest.approx(0.05, rel=1e-5) and values[3] == pytest.approx(0.05, rel=1e-5)
   with pytest.raises(ValueError, match="temperature start"):
     dc.replace(sched, cwsa_temperature_start=0.0).validate()
+
+
+def test_summarize_groups_by_schedule_and_writes_commands(tmp_path):
+  from training import summarize
+
+  def fake_run(name, seed, epochs, loss="ce", acc=0.8, **extra):
+    d = tmp_path / name
+    d.mkdir()
+    metrics = {"dataset": "cifar10", "loss": loss, "seed": seed, "epochs": epochs,
+               "test_accuracy": acc, "ece": 0.02, "aurc": 0.05, "eaurc": 0.03, "augrc": 0.04,
+               "cwsa": {"0.5": 0.6, "0.9": 0.7}, "cwsa_plus": {"0.5": 0.65, "0.9": 0.75},
+               "wall_seconds": 10.0, "data_source": "test", "device": "cpu"}
+    config = {"dataset": "cifar10", "loss": loss, "seed": seed, "epochs": epochs, "batch_size": 128,
+              "optimizer": "sgd", "learning_rate": 0.1, "weight_decay": 5e-4, "augment": True,
+              "cwsa_weight": 0.5, "cwsa_tau": 0.5, "cwsa_temperature": 0.05, "cwsa_band": None,
+              "cwsa_correctness": "probability", "max_steps": None, **extra}
+    (d / "metrics.json").write_text(json.dumps(metrics))
+    (d / "config.json").write_text(json.dumps(config))
+    return str(d)
+
+  runs = [fake_run("a", 0, 8, acc=0.78), fake_run("b", 1, 8, acc=0.80), fake_run("c", 0, 15, acc=0.83),
+          fake_run("d", 0, 8, loss="cwsa", cwsa_temperature_start=0.5)]
+  notes = tmp_path / "notes.md"
+  notes.write_text("## Notes\nhello\n")
+  out = tmp_path / "out"
+  assert summarize.main(runs + ["--out", str(out), "--notes", str(notes)]) == 0
+  summary = json.loads((out / "summary.json").read_text())
+  assert len(summary["runs"]) == 4
+  groups = {g["variant"]: g for g in summary["groups"]}
+  assert set(groups) == {"8 ep, ce", "15 ep, ce", "8 ep, cwsa w=0.5 tau=0.5 T=0.05 T0=0.5"}
+  assert groups["8 ep, ce"]["test_accuracy"][0] == pytest.approx(0.79)
+  assert groups["8 ep, ce"]["seeds"] == [0, 1]
+  readme = (out / "README.md").read_text()
+  assert "--cwsa-temperature-start 0.5" in readme and readme.rstrip().endswith("hello")

@@ -54,10 +54,10 @@ def load_run(run_dir: Path) -> dict:
 
 def _group_key(r):
   c = r["config"]
-  variant = "ce" if r["loss"] == "ce" else (
+  variant = f"{c['epochs']} ep, " + ("ce" if r["loss"] == "ce" else (
       f"cwsa w={c['cwsa_weight']} tau={c['cwsa_tau']} T={c['cwsa_temperature']}"
       + (f" band={tuple(c['cwsa_band'])}" if c.get("cwsa_band") else "")
-      + (f" T0={c['cwsa_temperature_start']}" if c.get("cwsa_temperature_start") else ""))
+      + (f" T0={c['cwsa_temperature_start']}" if c.get("cwsa_temperature_start") else "")))
   return r["dataset"], variant
 
 
