@@ -42,7 +42,6 @@ n = 1e5 runs 1.3x faster (benchmarks/bench_bootstrap.py).
 from __future__ import annotations
 
 import functools
-import operator
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -256,18 +255,6 @@ def _check_key(key: Any) -> jax.Array:
       + (f" with dtype {dtype} and shape {shape}" if dtype is not None else ""))
 
 
-def _check_count(x: Any, name: str) -> int:
-  if isinstance(x, bool):
-    raise ValueError(f"{name} must be a positive integer, got {x!r}")
-  try:
-    value = operator.index(x)
-  except TypeError:
-    raise ValueError(f"{name} must be a positive integer, got {x!r}") from None
-  if value < 1:
-    raise ValueError(f"{name} must be >= 1, got {value}")
-  return value
-
-
 def _check_level(level: Any) -> Any:
   if isinstance(level, jax.core.Tracer):
     return level
@@ -298,10 +285,10 @@ def _check_common(fn: Any, key: Any, num_resamples: Any, chunk_size: Any, n: int
   if not callable(fn):
     raise ValueError(f"fn must be a function (confidences, correct) -> metric, got {type(fn).__name__}")
   key = _check_key(key)
-  num_resamples = _check_count(num_resamples, "num_resamples")
+  num_resamples = _validation.positive_int(num_resamples, "num_resamples")
   if chunk_size is None:
     chunk_size = max(1, DEFAULT_CHUNK_ELEMENTS // n)
-  chunk_size = min(_check_count(chunk_size, "chunk_size"), num_resamples)
+  chunk_size = min(_validation.positive_int(chunk_size, "chunk_size"), num_resamples)
   return key, num_resamples, chunk_size
 
 

@@ -11,7 +11,6 @@ a segment table num_groups times larger, not num_groups passes over the data.
 from __future__ import annotations
 
 import functools
-import operator
 
 import jax
 import jax.numpy as jnp
@@ -70,18 +69,6 @@ def _sweep_by_group_1d(confidences, correct, groups, thresholds, *, num_groups):
   return SweepResult(thresholds, *fields)
 
 
-def _check_num_groups(num_groups) -> int:
-  if isinstance(num_groups, bool):
-    raise ValueError(f"num_groups must be a positive int, got {num_groups!r}")
-  try:
-    value = operator.index(num_groups)
-  except TypeError:
-    raise ValueError(f"num_groups must be a positive int, got {num_groups!r}") from None
-  if value < 1:
-    raise ValueError(f"num_groups must be >= 1, got {value}")
-  return value
-
-
 def sweep_by_group(confidences, correct, groups, thresholds, *, num_groups: int,
                    normalize: str = "retained") -> SweepResult:
   """:func:`~cwsa_jax.sweep` computed separately for every group, in one fused call.
@@ -134,22 +121,18 @@ def sweep_by_group(confidences, correct, groups, thresholds, *, num_groups: int,
     [[1.0, 0.5], [1.0, 0.5]] [[0.3, 0.6667], [0.35, 0.3333]]
   """
   _stats.check_normalize(normalize)
-  num_groups = _check_num_groups(num_groups)
+  num_groups = _validation.positive_int(num_groups, "num_groups")
   confidences = _validation.as_float_array(confidences, "confidences")
   correct = _validation.as_correct(correct)
   groups = _validation.as_labels(groups, "groups", num_classes=num_groups)
-  thresholds = _validation.as_float_array(thresholds, "thresholds")
-  if thresholds.ndim != 1:
-    raise ValueError(f"thresholds must be 1-D [T], got shape {thresholds.shape}")
-  _validation.check_nonempty(thresholds, "thresholds")
+  thresholds = _validation.as_thresholds(thresholds)
   _validation.check_samples(confidences, correct)
   _validation.check_same_leading_shape(confidences, groups, "confidences", "groups")
-  _validation.check_threshold(thresholds, "thresholds")
   fn = functools.partial(_sweep_by_group_1d, num_groups=num_groups)
   for _ in range(confidences.ndim - 1):
     fn = jax.vmap(fn, in_axes=(0, 0, 0, None))
   result = fn(confidences.astype(jnp.float32), correct, groups.astype(jnp.int32),
-              thresholds.astype(jnp.float32))
+              thresholds)
   return _stats.renormalize(result, normalize)
 
 

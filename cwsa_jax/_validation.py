@@ -9,6 +9,8 @@ and dtype checks run. There the metrics compute on whatever they are given
 
 from __future__ import annotations
 
+import operator
+
 from typing import Any
 
 import jax
@@ -167,3 +169,16 @@ def as_thresholds(thresholds: Any) -> jax.Array:
   check_nonempty(t, "thresholds")
   check_threshold(t, "thresholds")
   return t.astype(jnp.float32)
+
+
+def positive_int(x: Any, name: str) -> int:
+  """``x`` as a Python int >= 1 (bools and non-integers refused)."""
+  if isinstance(x, bool):
+    raise ValueError(f"{name} must be a positive integer, got {x!r}")
+  try:
+    value = operator.index(x)
+  except TypeError:
+    raise ValueError(f"{name} must be a positive integer, got {x!r}") from None
+  if value < 1:
+    raise ValueError(f"{name} must be >= 1, got {value}")
+  return value

@@ -112,10 +112,6 @@ def _check_same(a: jax.Array, b: jax.Array, what: str) -> None:
     raise ValueError(f"cannot merge states built with different {what}")
 
 
-def _invalid(c: jax.Array, k: jax.Array) -> jax.Array:
-  return _stats.invalid_inputs(c, k)
-
-
 def _sum_leading(x: jax.Array) -> jax.Array:
   return jnp.sum(x, axis=0)
 
@@ -224,7 +220,7 @@ class SweepState:
 def _sweep_state_1d(c, k, thresholds, mask):
   _, sorted_thresh = _sweep.sorted_thresholds(thresholds)
   hi, lo = _sweep.bucket_sums(c, k, sorted_thresh, mask)
-  return hi, lo, _invalid(c, k)
+  return hi, lo, _stats.invalid_inputs(c, k)
 
 
 @jax.jit
@@ -317,7 +313,7 @@ def _calibration_state_1d(c, k, mask, *, num_bins):
 
   arrays = [c, k] + ([] if mask is None else [mask])
   hi, lo = _exact.segment_sums(columns_fn, arrays, num_bins)
-  return hi, lo, _invalid(c, k)
+  return hi, lo, _stats.invalid_inputs(c, k)
 
 
 def _calibration_sums(hi, lo):
@@ -494,24 +490,19 @@ def _num_rc_bins(mantissa_bits: Any) -> int:
 @functools.partial(jax.jit, static_argnames=("mantissa_bits",))
 def _rc_state_1d(c, k, mask, *, mantissa_bits):
   bins = _num_rc_bins(mantissa_bits)
-  shift = 23 - mantissa_bits
   key = confidence_key(c)
-  ids = key >> shift
+  ids = key >> (23 - mantissa_bits)
+  seg = ids if mask is None else jnp.where(mask, ids, bins)  # padding: dropped
 
-  def columns_fn(conf, kappa, *keep):
-    cid = confidence_key(conf) >> shift
-    if keep:
-      cid = jnp.where(keep[0], cid, bins)
+  def columns_fn(cid, kappa):
     loss = 1.0 - jnp.clip(kappa.astype(jnp.float32), 0.0, 1.0)
-    cols = [jnp.ones(conf.shape, jnp.int32)] + _exact.digits(loss, _KAPPA_DIGITS)
+    cols = [jnp.ones(cid.shape, jnp.int32)] + _exact.digits(loss, _KAPPA_DIGITS)
     return cid, jnp.stack(cols, axis=0)
 
-  arrays = [c, k] + ([] if mask is None else [mask])
-  hi, lo = _exact.segment_sums(columns_fn, arrays, bins)
-  seg = ids if mask is None else jnp.where(mask, ids, bins)
+  hi, lo = _exact.segment_sums(columns_fn, [seg, k], bins)
   key_min = jax.ops.segment_min(key, seg, num_segments=bins)  # empty: int32 max
   key_max = jnp.maximum(jax.ops.segment_max(key, seg, num_segments=bins), -1)
-  return hi, lo, key_min, key_max, _invalid(c, k)
+  return hi, lo, key_min, key_max, _stats.invalid_inputs(c, k)
 
 
 @jax.jit
