@@ -30,18 +30,12 @@ def check_bootstrap_flags(args: argparse.Namespace, *, allow_zero: bool) -> None
     raise UserError(f"--level must lie in (0, 1), got {args.level}")
 
 
-def _load(path: str, args: argparse.Namespace) -> _io.LoadedPredictions:
-  if not Path(path).exists():
-    raise UserError(f"no such file: {path}")
-  return _io.load_predictions(path, scores=args.scores)
-
-
 def run(args: argparse.Namespace) -> int:
   from cwsa_jax import _intervals  # noqa: PLC0415 - imports JAX
 
   check_bootstrap_flags(args, allow_zero=False)
   thresholds = tuple(float(t) for t in _report.parse_thresholds(args.thresholds))
-  a, b = _load(args.a, args), _load(args.b, args)
+  a, b = (_io.load_predictions(p, scores=args.scores) for p in (args.a, args.b))
   if len(a.confidences) != len(b.confidences):
     raise UserError(f"{args.a} has {len(a.confidences)} samples and {args.b} has "
                     f"{len(b.confidences)}: a paired comparison needs the same test set")
