@@ -2,7 +2,8 @@
 # The README's two commands:
 #   ./dev.sh demo   set up .venv and run the main job (synthetic demo, no data to fetch)
 #   ./dev.sh test   set up .venv and run the test suite
-# Extra arguments are passed on (to `cwsa-jax demo` or to pytest).
+#   ./dev.sh docs   set up .venv and build the documentation into docs/_build/html
+# Extra arguments are passed on (to `cwsa-jax demo`, to pytest or to sphinx-build).
 set -euo pipefail
 cd "$(dirname "$0")"
 venv="${CWSA_JAX_VENV:-.venv}"
@@ -38,10 +39,16 @@ case "$cmd" in
     if [ -z "${CWSA_JAX_DATA_DIR:-}" ] && [ -d ../shared/data ]; then
       export CWSA_JAX_DATA_DIR="$(cd ../shared/data && pwd)"
     fi
-    exec "$venv/bin/python" -m pytest -n 2 "$@"
+    # loadgroup: tests marked xdist_group("name") share one worker (and its module fixtures).
+    exec "$venv/bin/python" -m pytest -n 2 --dist loadgroup "$@"
+    ;;
+  docs)
+    setup
+    # The documentation site, warnings as errors (tests/test_docs.py runs the same build in CI).
+    exec "$venv/bin/python" -m sphinx -W --keep-going -b html "$@" docs docs/_build/html
     ;;
   *)
-    echo "usage: ./dev.sh demo [args] | ./dev.sh test [pytest args]" >&2
+    echo "usage: ./dev.sh demo [args] | ./dev.sh test [pytest args] | ./dev.sh docs [sphinx-build args]" >&2
     exit 2
     ;;
 esac

@@ -47,3 +47,50 @@ def emit(name: str, payload: dict, table: list[str]) -> None:
   for line in table:
     print(line, file=sys.stderr)
   print(json.dumps({"benchmark": name, **environment(), **payload}, indent=1))
+
+
+def load_average() -> list[float] | None:
+  """The 1, 5 and 15 minute load averages (None where the OS has none)."""
+  try:
+    return [round(x, 2) for x in os.getloadavg()]
+  except OSError:
+    return None
+
+
+def interleaved_times(fns: dict, repeats: int, *, max_seconds: float | None = None) -> dict:
+  """Wall times of each ``fns[name]()`` (blocked until ready), the calls interleaved.
+
+  Round r calls every function once, starting at a different one each round
+  (a rotation), so slow drifts of the machine's load, clock or caches hit every
+  implementation alike. Call each function once before (compilation, first
+  allocations): nothing here warms up. ``max_seconds`` stops after the round in
+  which the total passes it (at least 2 rounds). Returns ``{name: [seconds, ...]}``.
+  """
+  names = list(fns)
+  times = {name: [] for name in names}
+  start_all = time.perf_counter()
+  for r in range(repeats):
+    for j in range(len(names)):
+      name = names[(r + j) % len(names)]
+      t = time.perf_counter()
+      jax.block_until_ready(fns[name]())
+      times[name].append(time.perf_counter() - t)
+    if max_seconds is not None and r >= 1 and time.perf_counter() - start_all > max_seconds:
+      break
+  return times
+
+
+def summarize(seconds: list[float]) -> dict:
+  """Minimum (the headline: the least noisy on a shared machine) and median of repeats."""
+  return {"min_s": min(seconds), "median_s": float(np.median(seconds)), "repeats": len(seconds)}
+
+
+def write_json_atomic(path: str, payload: dict) -> None:
+  """Writes ``payload`` to ``path`` through a temporary file in the same folder and a rename."""
+  folder = os.path.dirname(os.path.abspath(path))
+  os.makedirs(folder, exist_ok=True)
+  tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+  with open(tmp, "w") as f:
+    json.dump(payload, f, indent=1)
+    f.write("\n")
+  os.replace(tmp, path)

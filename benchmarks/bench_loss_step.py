@@ -1,7 +1,7 @@
 """Overhead of the CWSA regulariser in one Flax train step of the MNIST CNN.
 
 Times one jitted NNX train step (forward, backward, Adam update) of
-``training.models.MnistCNN`` on the same batch with
+``cwsa_jax.training.models.MnistCNN`` on the same batch with
 
 * ``ce``:   mean softmax cross-entropy (optax),
 * ``cwsa``: ``cwsa_jax.losses.cwsa_regularized_loss`` (defaults: weight 1,
@@ -35,7 +35,7 @@ import optax
 from flax import nnx
 
 from cwsa_jax.losses import cwsa_regularized_loss
-from training.models import MnistCNN
+from cwsa_jax.training.models import MnistCNN
 
 LOSSES = {
     "ce": lambda logits, labels: optax.softmax_cross_entropy_with_integer_labels(

@@ -10,6 +10,12 @@ per-group sweeps and threshold selection; bootstrap confidence intervals
 (:func:`bootstrap_ci`, :func:`bootstrap_sweep`, :func:`paired_bootstrap`) and,
 in ``cwsa_jax.streaming``, exact mergeable metric states for batched and
 multi-device evaluation.
+
+References:
+  Kourosh Shahnazari, Seyed Moein Ayyoubzadeh, Mohammadali Keshtparvar and
+  Pegah Ghaffari, "Trust, or Don't Predict: Introducing the CWSA Family for
+  Confidence-Aware Model Evaluation", arXiv:2505.18622 (2025),
+  https://arxiv.org/abs/2505.18622.
 """
 
 from cwsa_jax._aumcc import aumcc
@@ -41,6 +47,7 @@ from cwsa_jax._risk_coverage import risk_coverage_curve
 from cwsa_jax._risk_coverage import risk_coverage_summary
 from cwsa_jax._scoring import brier_score
 from cwsa_jax._scoring import nll
+from cwsa_jax._scores import confidence_scores
 from cwsa_jax._select import ThresholdChoice
 from cwsa_jax._select import select_threshold
 from cwsa_jax._selective import coverage
@@ -53,6 +60,7 @@ from cwsa_jax._soft import soft_cwsa_plus
 from cwsa_jax._soft import soft_cwsa_sweep
 from cwsa_jax._sweep import SweepResult
 from cwsa_jax._sweep import sweep
+from cwsa_jax._temperature import fit_temperature
 
 __version__ = "0.1.0"
 
@@ -75,6 +83,7 @@ __all__ = [
     "brier_score",
     "calibration_bins",
     "confidences_from_logits",
+    "confidence_scores",
     "confidences_from_probs",
     "contributions",
     "coverage",
@@ -83,6 +92,7 @@ __all__ = [
     "cwsa_plus",
     "eaurc",
     "ece",
+    "fit_temperature",
     "group_gap",
     "most_damaging",
     "nll",

@@ -84,7 +84,14 @@ def aumcc(confidences: Any, correct: Any, thresholds: Any, *, metric: str = "cws
       paper's definition, default) or ``"all"`` (its published code).
 
   Returns:
-    float32 of shape [...]; NaN if no threshold retains any sample.
+    float32 of shape [...]; NaN if no threshold retains any sample, and
+    (inside a user's ``jit`` / ``vmap``) for invalid inputs or any invalid
+    threshold.
+
+  Gradients: the coverage points are piecewise constant in the confidences
+  and the metric values carry the sweep's exact almost-everywhere derivative
+  (CWSA, CWSA+; selective accuracy: 0 in c), so autodiff of the trapezoid is
+  exact almost everywhere.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -106,4 +113,7 @@ def aumcc(confidences: Any, correct: Any, thresholds: Any, *, metric: str = "cws
   result = sweep(confidences, correct, tau, normalize=normalize)
   # The sweep keeps the input order of the thresholds (its own ``thresholds``
   # field gains the batch axes under vmap, so use the input).
-  return _area(tau.astype(jnp.float32), result.coverage, getattr(result, metric), axis=axis)
+  area = _area(tau.astype(jnp.float32), result.coverage, getattr(result, metric), axis=axis)
+  # Coverage is never NaN for valid inputs: NaN marks an invalid row or threshold
+  # (under jit/vmap), which must not silently drop out of the curve.
+  return _validation.poison(area, rows=jnp.any(jnp.isnan(result.coverage), axis=-1))

@@ -12,11 +12,14 @@ evaluates the metric on the resampled data:
 and the percentile interval at level 1 - alpha is
 [Q_{alpha/2}, Q_{1 - alpha/2}] of the theta*_b.
 
-Everything runs in one jitted call. ``fn`` is ``jax.vmap``-ed over a chunk of
-at most ``chunk_size`` resamples and the chunks run one after another
-(``jax.lax.map``), so the resampled data held at once is
-``chunk_size * n`` values, never ``B * n``; only the B metric values are
-kept.
+``fn`` is ``jax.vmap``-ed over a chunk of at most ``chunk_size`` resamples and
+the chunks run one after another (``jax.lax.map``), so the resampled data held
+at once is ``chunk_size * n`` values, never ``B * n``; only the B metric values
+are kept. The chunks run in blocks of about ``BLOCK_ELEMENTS`` resampled values,
+one jitted call per block in a host loop (well under a second each at the
+command line's sizes): Python sees a Ctrl-C only between calls into XLA, and
+:func:`reporting` can show progress. Called under a transformation (``jit``,
+``vmap``), everything is one call. The values do not depend on the blocks.
 
 Random indices. Resample b uses the seed (s_0, s_1) = 64 random bits of
 ``jax.random.fold_in(key, b)``, so its indices depend on (key, b, n) only: not
@@ -41,8 +44,10 @@ n = 1e5 runs 1.3x faster (benchmarks/bench_bootstrap.py).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +61,8 @@ from cwsa_jax import _validation
 # Elements (chunk_size * n) per chunk when chunk_size is None: resamples of a
 # small test set are batched, one of n >= 65536 samples runs alone.
 DEFAULT_CHUNK_ELEMENTS = 1 << 16
+# Resampled values per jitted call of the host loop (whole chunks, at least one).
+BLOCK_ELEMENTS = 1 << 20
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _PARITY = np.uint32(0x1BD11BDA)
@@ -168,6 +175,63 @@ def _map_resamples(g: Callable, arrays: tuple, key: jax.Array, num_resamples: in
   return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:])[:num_resamples], out)
 
 
+def _map_block(g: Callable, arrays: tuple, key: jax.Array, start: jax.Array, size: int,
+               num_chunks: int):
+  """As :func:`_map_resamples` for the resamples start, ..., start + num_chunks * size - 1."""
+  n = arrays[0].shape[0]
+
+  def one(b):
+    idx = _indices_from_seed(_seed(key, b), n)
+    return g(*[a[idx] for a in arrays])
+
+  b = (start + jnp.arange(num_chunks * size, dtype=jnp.uint32)).reshape(num_chunks, size)
+  if size == 1:
+    return jax.lax.map(one, b[:, 0])
+  out = jax.lax.map(jax.vmap(one), b)
+  return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
+
+
+_REPORT: contextvars.ContextVar[Callable[[int], Any] | None] = contextvars.ContextVar(
+    "cwsa_jax_bootstrap_report", default=None)
+
+
+@contextlib.contextmanager
+def reporting(callback: Callable[[int], Any]) -> Iterator[None]:
+  """Calls ``callback(k)`` each time k more resamples are done by a bootstrap in this block
+  (the command line's progress bars)."""
+  token = _REPORT.set(callback)
+  try:
+    yield
+  finally:
+    _REPORT.reset(token)
+
+
+def _traced(*values: Any) -> bool:
+  return any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(values))
+
+
+def _run_blocks(block: Callable, num_resamples: int, chunk_size: int, n: int):
+  """``block(start, size, num_chunks)`` over the resamples, one call at a time, joined [B, ...].
+
+  The chunks (``size`` resamples each, as in :func:`_map_resamples`) are grouped
+  in blocks of about ``BLOCK_ELEMENTS`` resampled values; each block is waited
+  for before the next starts, so a KeyboardInterrupt is raised within one block.
+  """
+  num_chunks = -(-num_resamples // chunk_size)
+  size = -(-num_resamples // num_chunks)
+  per_block = max(1, min(num_chunks, BLOCK_ELEMENTS // (size * n)))
+  report = _REPORT.get()
+  parts, done = [], 0
+  for first in range(0, num_chunks, per_block):
+    part = jax.block_until_ready(block(jnp.uint32(first * size), size, per_block))
+    parts.append(part)
+    if report is not None:
+      now = min(num_resamples, (first + per_block) * size)
+      report(now - done)
+      done = now
+  return jax.tree.map(lambda *xs: jnp.concatenate(xs)[:num_resamples], *parts)
+
+
 def _percentiles(samples, level):
   """(low, high) pytrees: nan-aware linear-interpolation quantiles over axis 0."""
   q = jnp.stack([(1.0 - level) / 2.0, (1.0 + level) / 2.0]).astype(jnp.float32)
@@ -238,6 +302,47 @@ def _paired_jit(fn, c_a, k_a, c_b, k_b, key, level, num_resamples, chunk_size):
   return PairedBootstrapResult(est_a, est_b, difference, low, high, jax.tree.map(_p_value, samples))
 
 
+# One jitted call per block (the host loop); _samples_jit, _ci_jit and
+# _paired_jit compute the same values in one call (under a transformation).
+
+@functools.partial(jax.jit, static_argnames=("fn",))
+def _estimate_jit(fn, confidences, correct):
+  return fn(confidences, correct)
+
+
+@functools.partial(jax.jit, static_argnames=("fn", "size", "num_chunks"))
+def _block_jit(fn, confidences, correct, key, start, size, num_chunks):
+  return _map_block(fn, (confidences, correct), key, start, size, num_chunks)
+
+
+@jax.jit
+def _interval_jit(samples, level):
+  return _percentiles(samples, level)
+
+
+@functools.partial(jax.jit, static_argnames=("fn",))
+def _paired_estimate_jit(fn, c_a, k_a, c_b, k_b):
+  pair = _pair_fn(fn, c_a.dtype == c_b.dtype and k_a.dtype == k_b.dtype)
+  est_a, est_b = pair(c_a, k_a, c_b, k_b)
+  return est_a, est_b, jax.tree.map(_subtract, est_a, est_b)
+
+
+@functools.partial(jax.jit, static_argnames=("fn", "size", "num_chunks"))
+def _paired_block_jit(fn, c_a, k_a, c_b, k_b, key, start, size, num_chunks):
+  pair = _pair_fn(fn, c_a.dtype == c_b.dtype and k_a.dtype == k_b.dtype)
+
+  def diff(*arrays):
+    return jax.tree.map(_subtract, *pair(*arrays))
+
+  return _map_block(diff, (c_a, k_a, c_b, k_b), key, start, size, num_chunks)
+
+
+@jax.jit
+def _paired_interval_jit(samples, level):
+  low, high = _percentiles(samples, level)
+  return low, high, jax.tree.map(_p_value, samples)
+
+
 # --- validation -------------------------------------------------------------
 
 def _check_key(key: Any) -> jax.Array:
@@ -269,15 +374,17 @@ def _check_level(level: Any) -> Any:
 
 def _check_data(confidences: Any, correct: Any, suffix: str = ""):
   c = _validation.as_float_array(confidences, f"confidences{suffix}")
-  k = _validation.as_correct(correct, f"correct{suffix}")
+  k = _validation.correct_array(correct, f"correct{suffix}")
   if c.ndim != 1 or k.ndim != 1:
     raise ValueError(f"confidences{suffix} and correct{suffix} must be 1-D [n], got shapes "
                      f"{c.shape} and {k.shape}")
   try:
-    _validation.check_samples(c, k)
+    invalid = _validation.check_samples(c, k, names=(f"confidences{suffix}", f"correct{suffix}"))
   except ValueError as e:
     raise ValueError(f"{e} (model {suffix[1:]})" if suffix else str(e)) from None
-  return c, k
+  # Traced invalid data (inside a user's jit/vmap): every confidence becomes NaN,
+  # so the estimate and every resample are NaN, whatever ``fn`` computes.
+  return _validation.poison(c, rows=invalid), _validation.convert_correct(k)
 
 
 def _check_common(fn: Any, key: Any, num_resamples: Any, chunk_size: Any, n: int):
@@ -320,7 +427,10 @@ def bootstrap_samples(fn: Callable, confidences, correct, *, key, num_resamples:
   """
   c, k = _check_data(confidences, correct)
   key, num_resamples, chunk_size = _check_common(fn, key, num_resamples, chunk_size, c.shape[0])
-  return _samples_jit(fn, c, k, key, num_resamples, chunk_size)
+  if _traced(c, k, key):
+    return _samples_jit(fn, c, k, key, num_resamples, chunk_size)
+  return _run_blocks(lambda start, size, chunks: _block_jit(fn, c, k, key, start, size, chunks),
+                     num_resamples, chunk_size, c.shape[0])
 
 
 def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int = 1000,
@@ -385,7 +495,12 @@ def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int 
   c, k = _check_data(confidences, correct)
   key, num_resamples, chunk_size = _check_common(fn, key, num_resamples, chunk_size, c.shape[0])
   level = _check_level(level)
-  return _ci_jit(fn, c, k, key, jnp.float32(level), num_resamples, chunk_size)
+  if _traced(c, k, key, level):
+    return _ci_jit(fn, c, k, key, jnp.float32(level), num_resamples, chunk_size)
+  estimate = _estimate_jit(fn, c, k)
+  samples = _run_blocks(lambda start, size, chunks: _block_jit(fn, c, k, key, start, size, chunks),
+                        num_resamples, chunk_size, c.shape[0])
+  return BootstrapResult(estimate, *_interval_jit(samples, jnp.float32(level)))
 
 
 def paired_bootstrap(fn: Callable, confidences_a, correct_a, confidences_b, correct_b, *, key,
@@ -443,33 +558,45 @@ def paired_bootstrap(fn: Callable, confidences_a, correct_a, confidences_b, corr
   key, num_resamples, chunk_size = _check_common(fn, key, num_resamples, chunk_size,
                                                  c_a.shape[0])
   level = _check_level(level)
-  return _paired_jit(fn, c_a, k_a, c_b, k_b, key, jnp.float32(level), num_resamples, chunk_size)
+  if _traced(c_a, k_a, c_b, k_b, key, level):
+    return _paired_jit(fn, c_a, k_a, c_b, k_b, key, jnp.float32(level), num_resamples, chunk_size)
+  estimates = _paired_estimate_jit(fn, c_a, k_a, c_b, k_b)
+  samples = _run_blocks(
+      lambda start, size, chunks: _paired_block_jit(fn, c_a, k_a, c_b, k_b, key, start, size,
+                                                    chunks),
+      num_resamples, chunk_size, c_a.shape[0])
+  return PairedBootstrapResult(*estimates, *_paired_interval_jit(samples, jnp.float32(level)))
 
 
 # --- the sweep's fast path ----------------------------------------------------
 
-@functools.partial(jax.jit, static_argnames=("num_resamples", "chunk_size", "normalize"))
-def _sweep_ci_jit(confidences, correct, thresholds, key, level, num_resamples, chunk_size,
-                  normalize):
+def _sweep_per_sample(confidences, correct, thresholds):
+  """Each sample's bucket segment and columns, gathered by every resample, and the
+  invalid-input flag of the whole data."""
   num_t = thresholds.shape[0]
-  order, sorted_t = _sweep.sorted_thresholds(thresholds)
+  _, sorted_t = _sweep.sorted_thresholds(thresholds)
   first, counts, max_per_cell = _sweep.bucket_table(sorted_t, _sweep.num_cells(num_t))
   bucket = _sweep.bucketize(jnp.clip(confidences, 0.0, 1.0), sorted_t, first, counts, max_per_cell)
   ids, cols = _stats.segment_columns(confidences, correct, bucket)
-  graded = correct.dtype != jnp.bool_
-  num_segments = _stats.segments_per_bucket(graded) * (num_t + 1)
   invalid = _stats.invalid_inputs(confidences, correct)
+  if correct.dtype != jnp.bool_:
+    return (ids, cols.T), invalid  # [n], [n, K]
+  # Binary: columns (1, u_hi, u_lo) rebuilt from u in units of 2^-24: one int32 per sample.
+  return (ids, (cols[1] << 12) | cols[2]), invalid
+
+
+def _sweep_metrics(thresholds, invalid, graded: bool, n: int, normalize: str) -> Callable:
+  """The sweep of one (resampled) ``per_sample`` pair, from its exact bucket sums."""
+  num_t = thresholds.shape[0]
+  order, _ = _sweep.sorted_thresholds(thresholds)
+  num_segments = _stats.segments_per_bucket(graded) * (num_t + 1)
   if graded:
-    per_sample = (ids, cols.T)  # [n], [n, K]
     columns_fn = lambda i, x: (i, x.T)  # noqa: E731
   else:
-    # Binary: columns (1, u_hi, u_lo) rebuilt from u in units of 2^-24: one int32 per sample.
-    per_sample = (ids, (cols[1] << 12) | cols[2])
     columns_fn = lambda i, u: (i, jnp.stack([jnp.ones_like(u), u >> 12, u & 4095]))  # noqa: E731
-
   # One scatter over the whole resample when it fits (measured 1.3x faster at n = 1e5 than
   # 2^16-sample chunks); 4096 * chunk must stay below 2^31.
-  chunk = min(confidences.shape[0], 1 << 19)
+  chunk = min(n, 1 << 19)
 
   def metrics(*arrays):
     hi, lo = _exact.segment_sums(columns_fn, arrays, num_segments, chunk_size=chunk)
@@ -477,9 +604,33 @@ def _sweep_ci_jit(confidences, correct, thresholds, key, level, num_resamples, c
                                             thresholds, order, invalid)
     return _stats.renormalize(result, normalize)  # per resample, before the quantiles
 
+  return metrics
+
+
+@functools.partial(jax.jit, static_argnames=("num_resamples", "chunk_size", "normalize"))
+def _sweep_ci_jit(confidences, correct, thresholds, key, level, num_resamples, chunk_size,
+                  normalize):
+  per_sample, invalid = _sweep_per_sample(confidences, correct, thresholds)
+  metrics = _sweep_metrics(thresholds, invalid, correct.dtype != jnp.bool_,
+                           confidences.shape[0], normalize)
   estimate = metrics(*per_sample)
   samples = _map_resamples(metrics, per_sample, key, num_resamples, chunk_size)
   return BootstrapResult(estimate, *_percentiles(samples, level))
+
+
+@functools.partial(jax.jit, static_argnames=("normalize",))
+def _sweep_estimate_jit(confidences, correct, thresholds, normalize):
+  per_sample, invalid = _sweep_per_sample(confidences, correct, thresholds)
+  metrics = _sweep_metrics(thresholds, invalid, correct.dtype != jnp.bool_,
+                           confidences.shape[0], normalize)
+  return metrics(*per_sample), per_sample, invalid
+
+
+@functools.partial(jax.jit, static_argnames=("graded", "normalize", "size", "num_chunks"))
+def _sweep_block_jit(per_sample, invalid, thresholds, key, start, graded, normalize, size,
+                     num_chunks):
+  metrics = _sweep_metrics(thresholds, invalid, graded, per_sample[0].shape[0], normalize)
+  return _map_block(metrics, per_sample, key, start, size, num_chunks)
 
 
 def bootstrap_sweep(confidences, correct, thresholds, *, key, num_resamples: int = 1000,
@@ -518,5 +669,17 @@ def bootstrap_sweep(confidences, correct, thresholds, *, key, num_resamples: int
   key, num_resamples, chunk_size = _check_common(lambda: None, key, num_resamples, chunk_size,
                                                  c.shape[0])
   level = _check_level(level)
-  return _sweep_ci_jit(c.astype(jnp.float32), k, t, key, jnp.float32(level), num_resamples,
-                       chunk_size, normalize)
+  # Resamples gather exact integer columns: no derivative (an error, not a zero).
+  no_gradient = ("bootstrap_sweep resamples exact integer sums and has no derivative; use "
+                 "bootstrap_ci(lambda c, k: sweep(c, k, thresholds), ...) to differentiate")
+  c = _validation.refuse_gradient(c.astype(jnp.float32), no_gradient)
+  k = _validation.refuse_gradient(k, no_gradient)
+  if _traced(c, k, t, key, level):
+    return _sweep_ci_jit(c, k, t, key, jnp.float32(level), num_resamples, chunk_size, normalize)
+  estimate, per_sample, invalid = _sweep_estimate_jit(c, k, t, normalize)
+  graded = k.dtype != jnp.bool_
+  samples = _run_blocks(
+      lambda start, size, chunks: _sweep_block_jit(per_sample, invalid, t, key, start, graded,
+                                                   normalize, size, chunks),
+      num_resamples, chunk_size, c.shape[0])
+  return BootstrapResult(estimate, *_interval_jit(samples, jnp.float32(level)))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import functools
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -19,14 +18,17 @@ import jax.numpy as jnp
 import numpy as np
 from matplotlib.figure import Figure
 
+from cwsa_jax import _output
 from cwsa_jax import _report
 from cwsa_jax import plots
 from cwsa_jax import synthetic
 from cwsa_jax._calibration import calibration_bins
-from cwsa_jax._cli_util import UserError, add_synthetic_run_flags, atomic_output_dir, write_json_atomic
+from cwsa_jax._cli_util import (UserError, add_synthetic_run_flags, progress_enabled, stage,
+                                write_json_atomic)
 from cwsa_jax._risk_coverage import risk_coverage_curve
 
 DEFAULT_OUT = "cwsa-demo"
+_OUT_HINT = ", or omit --out for a fresh ./cwsa-demo-N"
 # The stress tests: (name, parameter label, grid, description).
 STRESS_TESTS = (
     ("label_noise", "label noise rate", (0.0, 0.1, 0.2, 0.3, 0.4),
@@ -118,17 +120,120 @@ def _summary_row(name: str, s: dict[str, Any], thresholds: np.ndarray, *,
   for tau in SUMMARY_TAUS:
     i = _tau_index(thresholds, tau)
     for field in ("cwsa", "cwsa_plus"):
-      row.append(cell(s["sweep"][field]["mean"][i], s["sweep"][field]["std"][i]))
-  if with_std:
-    row.append(cell(s["aumcc"]["cwsa"]["mean"], s["aumcc"]["cwsa"]["std"]))
+      row.append(_report.fmt_convention(s["sweep"][field]["mean"][i],
+                                        s["sweep"]["coverage"]["mean"][i],
+                                        s["sweep"][field]["std"][i] if with_std else None))
   return row
 
 
-def _summary_headers(with_aumcc: bool = True) -> list[str]:
+def _summary_headers() -> list[str]:
   headers = ["model", "accuracy", "ECE", "AURC", "AUGRC"]
   for tau in SUMMARY_TAUS:
     headers += [f"CWSA@{tau:g}", f"CWSA+@{tau:g}"]
-  return headers + (["AUMCC(CWSA)"] if with_aumcc else [])
+  return headers
+
+
+def _aumcc_rows(cases, metrics, model_idx) -> list[list[str]]:
+  """Per model: AUMCC(CWSA), the coverage span the grid sweeps and AUMCC ÷ span (seed means)."""
+  rows = []
+  for i in model_idx:
+    high, low = _report.coverage_span(metrics["sweep"]["coverage"][i])  # [S]
+    area = np.asarray(metrics["aumcc"]["cwsa"][i], np.float64)
+    span = high - low
+    with np.errstate(invalid="ignore", divide="ignore"):
+      per_span = np.where(span > 0, area / np.where(span > 0, span, 1.0), np.nan)
+    mean_per_span = (_report.fmt(np.nanmean(per_span)) if np.isfinite(per_span).any()
+                     else "— (span 0)")
+    rows.append([cases[i]["name"], _report.fmt_pm(*_nan_mean_std(area)),
+                 f"{_report.fmt(np.nanmean(high))} → {_report.fmt(np.nanmean(low))}",
+                 _report.fmt(np.nanmean(span)), mean_per_span])
+  return rows
+
+
+def _nan_mean_std(x: np.ndarray) -> tuple[float, float]:
+  """Mean and sample std over seeds, ignoring NaN."""
+  x = np.asarray(x, np.float64)
+  x = x[np.isfinite(x)]
+  if not x.size:
+    return float("nan"), float("nan")
+  return float(x.mean()), float(x.std(ddof=1)) if x.size > 1 else 0.0
+
+
+def _calibration_split(conf: Any, ok: Any, settings: _report.Settings) -> dict[str, float]:
+  """Where one model's ECE comes from, over its [S, n] seeds (l1 ECE only).
+
+  Returns seed means of ``ece`` = ``under`` + ``over``: the count-weighted gaps of
+  the bins where accuracy exceeds mean confidence and where it falls short; and,
+  pooled over seeds, the share of samples, accuracy and mean confidence of each
+  kind of bin, the largest |accuracy - confidence| of a bin (``max_gap``), the
+  overall mean confidence and accuracy.
+  """
+  bins = calibration_bins(conf, ok, num_bins=settings.num_bins, binning=settings.binning)
+  count = np.asarray(bins.count, np.float64)                       # [S, B]
+  acc = np.nan_to_num(np.asarray(bins.accuracy, np.float64))
+  mean_conf = np.nan_to_num(np.asarray(bins.mean_confidence, np.float64))
+  weight = count / count.sum(axis=-1, keepdims=True)
+  gap = acc - mean_conf
+  out = {"under": float((weight * np.maximum(gap, 0)).sum(-1).mean()),
+         "over": float((weight * np.maximum(-gap, 0)).sum(-1).mean())}
+  out["ece"] = out["under"] + out["over"]
+  for kind, mask in (("under", gap > 0), ("over", gap < 0)):
+    n = (count * mask).sum()
+    out[f"{kind}_share"] = float(n / count.sum())
+    out[f"{kind}_accuracy"] = float((count * acc * mask).sum() / n) if n else float("nan")
+    out[f"{kind}_confidence"] = float((count * mean_conf * mask).sum() / n) if n else float("nan")
+  pooled = count.sum(axis=0)
+  with np.errstate(invalid="ignore", divide="ignore"):
+    pooled_gap = ((count * gap).sum(axis=0) / pooled)[pooled > 0]
+  out["max_gap"] = float(np.abs(pooled_gap).max()) if pooled_gap.size else float("nan")
+  out["confidence"] = float(np.asarray(conf, np.float64).mean())
+  out["accuracy"] = float(np.asarray(ok, np.float64).mean())
+  return out
+
+
+def _ece_explanation(cases, conf, ok, summaries, settings: _report.Settings) -> list[str]:
+  """A bullet saying, from the numbers, why "calibrated" has a larger ECE than "overconfident"."""
+  index = {c["name"]: i for i, c in enumerate(cases) if c["group"] == "model"}
+  if not {"calibrated", "overconfident"} <= set(index) or settings.ece_norm != "l1":
+    return []
+  ece = {m: float(summaries[index[m]]["ece"]["mean"]) for m in ("calibrated", "overconfident")}
+  if not ece["overconfident"] > 0 or ece["calibrated"] <= ece["overconfident"]:
+    return []
+  cal = _calibration_split(np.asarray(conf[index["calibrated"]]), np.asarray(ok[index["calibrated"]]),
+                           settings)
+  over = _calibration_split(np.asarray(conf[index["overconfident"]]),
+                            np.asarray(ok[index["overconfident"]]), settings)
+  eaurc = {m: float(summaries[index[m]]["eaurc"]["mean"]) for m in ("calibrated", "overconfident")}
+  params = synthetic.PAPER_PARAMETERS
+  f = _report.fmt
+  right, wrong = params["calibrated"]["correct_confidence"], params["calibrated"]["wrong_confidence"]
+  over_right = params["overconfident"]["correct_confidence"]
+  over_wrong = params["overconfident"]["wrong_confidence"]
+  same_range = (f"draws U[{over_right[0]:g}, {over_right[1]:g}] whether right or wrong, so its "
+                "confidence says nothing about which predictions are right"
+                if tuple(over_right) == tuple(over_wrong) else
+                f"gives right predictions U[{over_right[0]:g}, {over_right[1]:g}] and wrong ones "
+                f"U[{over_wrong[0]:g}, {over_wrong[1]:g}]")
+  lines = [
+      f"- **Why \"calibrated\" has {ece['calibrated'] / ece['overconfident']:.1f}× the ECE of "
+      f"\"overconfident\"** ({f(ece['calibrated'])} vs {f(ece['overconfident'])}, seed means): "
+      "the paper names the models after their confidence ranges, and ECE asks whether confidence "
+      "equals accuracy within each confidence bin, not whether it separates right from wrong. "
+      f"The calibrated model gives right predictions U[{right[0]:g}, {right[1]:g}] and wrong ones "
+      f"U[{wrong[0]:g}, {wrong[1]:g}] (E-AURC {f(eaurc['calibrated'])}); the bins holding "
+      f"{cal['under_share']:.0%} of its predictions have accuracy {f(cal['under_accuracy'])} "
+      f"above their mean confidence {f(cal['under_confidence'])}, adding {f(cal['under'])} to "
+      f"its ECE, and those holding {cal['over_share']:.0%} have mean confidence "
+      f"{f(cal['over_confidence'])} above their accuracy {f(cal['over_accuracy'])}, adding "
+      f"{f(cal['over'])}. The overconfident model {same_range} (E-AURC "
+      f"{f(eaurc['overconfident'])}), but its mean confidence "
+      f"{f(over['confidence'])} is close to its accuracy {f(over['accuracy'])} and no bin's "
+      f"confidence is more than {f(over['max_gap'])} from its accuracy (pooled over seeds).",
+  ]
+  if eaurc["calibrated"] < eaurc["overconfident"]:
+    lines[0] += (" By ECE the \"overconfident\" model is the better calibrated one; by E-AURC "
+                 "(how well confidence ranks right above wrong) the \"calibrated\" one is.")
+  return lines
 
 
 def _stress_rows(group_cases, summaries, thresholds) -> list[list[str]]:
@@ -137,11 +242,12 @@ def _stress_rows(group_cases, summaries, thresholds) -> list[list[str]]:
   i5 = _tau_index(thresholds, 0.5)
   for case, s in zip(group_cases, summaries):
     sw = s["sweep"]
+    cov = sw["coverage"]["mean"]
     rows.append([f"{case['parameter']:g}",
                  _report.fmt(s["accuracy"]["mean"]), _report.fmt(s["ece"]["mean"]),
                  _report.fmt(s["aurc"]["mean"]),
-                 _report.fmt_pm(sw["cwsa"]["mean"][i5], sw["cwsa"]["std"][i5]),
-                 _report.fmt_pm(sw["cwsa"]["mean"][i9], sw["cwsa"]["std"][i9]),
+                 _report.fmt_convention(sw["cwsa"]["mean"][i5], cov[i5], sw["cwsa"]["std"][i5]),
+                 _report.fmt_convention(sw["cwsa"]["mean"][i9], cov[i9], sw["cwsa"]["std"][i9]),
                  _report.fmt(sw["coverage"]["mean"][i9]),
                  _report.fmt(sw["selective_accuracy"]["mean"][i9])])
   return rows
@@ -177,7 +283,8 @@ def _figures(out, cases, conf, ok, metrics, settings, choices=None) -> list[tupl
                              f"{metrics['sweep']['cwsa'].shape[1]} seeds")
   plots.save(fig, out / "comparison.png")
   figures.append(("comparison.png", "Selective accuracy, CWSA, CWSA+ and coverage vs. threshold, "
-                  "one line per model (mean ± 1 std over seeds)."))
+                  "one line per model (mean ± 1 std over seeds; where a model retains nothing its "
+                  "CWSA and CWSA+ are marked x at 0 instead of drawn)."))
   for name, result in sweeps.items():
     choice = (choices or {}).get(name)
     marker = choice["threshold"] if choice and choice["feasible"] else None
@@ -193,24 +300,29 @@ def _figures(out, cases, conf, ok, metrics, settings, choices=None) -> list[tupl
   curves = risk_coverage_curve(conf0, ok0)
   fig = Figure(figsize=(16.0, 4.8), layout="constrained")
   subfigs = fig.subfigures(1, len(models))
+  legend: dict[str, Any] = {}
   for j, (i, sub) in enumerate(zip(models, subfigs)):
     one = type(bins)(*(np.asarray(x)[j] for x in bins))
-    plots.reliability_diagram(one, title=f"{cases[i]['name']} (ECE {float(metrics['ece'][i, 0]):.3f})",
+    plots.reliability_diagram(one, title=f"{cases[i]['name']} (ECE {_report.fmt(metrics['ece'][i, 0])})",
                               figure=sub, legend=False)
-  handles, labels = subfigs[0].axes[0].get_legend_handles_labels()
-  fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), frameon=False)
+    for axes in sub.axes:
+      for handle, label in zip(*axes.get_legend_handles_labels()):
+        legend.setdefault(label, handle)
+  fig.legend(list(legend.values()), list(legend), loc="outside lower center",
+             ncols=min(len(legend), 4), frameon=False, fontsize="small")
   fig.suptitle("Reliability diagrams (seed 0): per-bin accuracy vs. confidence, sample counts below")
   plots.save(fig, out / "reliability.png")
-  figures.append(("reliability.png", "Reliability diagrams of seed 0, 15 equal-width bins."))
+  figures.append(("reliability.png", "Seed 0 of each model. " + _report.reliability_caption(settings)))
   curve_map = {cases[i]["name"]: type(curves)(*(np.asarray(x)[j] for x in curves))
                for j, i in enumerate(models)}
-  labels = {cases[i]["name"]: f"{cases[i]['name']} (AURC {float(metrics['aurc'][i, 0]):.3f})"
+  labels = {cases[i]["name"]: f"{cases[i]['name']} (AURC {_report.fmt(metrics['aurc'][i, 0])})"
             for i in models}
   fig = plots.risk_coverage(curve_map, title="Risk-coverage curves (seed 0)", labels=labels)
   plots.save(fig, out / "risk_coverage.png")
   figures.append(("risk_coverage.png", "Selective and generalized risk vs. coverage (seed 0)."))
-  fig = Figure(figsize=(16.0, 4.4), layout="constrained")
+  fig = Figure(figsize=(16.0, 4.6), layout="constrained")
   axes = fig.subplots(1, len(STRESS_TESTS))
+  legend = {}
   i5 = _tau_index(metrics["sweep"]["thresholds"], 0.5)
   i9 = _tau_index(metrics["sweep"]["thresholds"], 0.9)
   for ax, (group, xlabel, grid, _) in zip(axes, STRESS_TESTS):
@@ -222,12 +334,19 @@ def _figures(out, cases, conf, ok, metrics, settings, choices=None) -> list[tupl
         "CWSA@0.5": metrics["sweep"]["cwsa"][idx, :, i5].T,
         "CWSA@0.9": metrics["sweep"]["cwsa"][idx, :, i9].T,
     }
-    plots.stress_test(grid, series, xlabel=xlabel, ax=ax,
+    empty = {"CWSA@0.5": metrics["sweep"]["coverage"][idx, :, i5].T == 0,
+             "CWSA@0.9": metrics["sweep"]["coverage"][idx, :, i9].T == 0}
+    plots.stress_test(grid, series, xlabel=xlabel, ax=ax, empty=empty, legend=False,
                       title=group.replace("_", " ").capitalize())
+    for handle, label in zip(*ax.get_legend_handles_labels()):
+      legend.setdefault(label, handle)
+  fig.legend(list(legend.values()), list(legend), loc="outside lower center", ncols=len(legend),
+             frameon=False, fontsize="small")
   fig.suptitle("Stress tests on the calibrated model (mean ± 1 std over seeds)")
   plots.save(fig, out / "stress_tests.png")
   figures.append(("stress_tests.png", "Metrics of the calibrated model under label noise, "
-                  "class imbalance and confidence shift."))
+                  "class imbalance and confidence shift (x at 0: nothing retained at that "
+                  "threshold, CWSA 0 by convention)."))
   return figures
 
 
@@ -236,16 +355,16 @@ def run(args: argparse.Namespace) -> int:
     raise UserError(f"--seeds must be >= 1, got {args.seeds}")
   if args.n < 2:
     raise UserError(f"--n must be >= 2, got {args.n}")
-  explicit = args.out is not None
-  out = args.out if explicit else _report.fresh_output_dir(DEFAULT_OUT)
-  if explicit and not args.force:
-    if Path(out).exists():
-      raise UserError(f"output directory {out} already exists (use --force to replace it, "
-                      "or omit --out for a fresh ./cwsa-demo-N)")
+  out = _output.check_output_dir(
+      args.out if args.out is not None else _report.fresh_output_dir(DEFAULT_OUT),
+      force=args.force, hint=_OUT_HINT)
   start = time.perf_counter()
-  settings = _report.Settings()
-  cases, conf, ok = build_cases(args.seed, args.seeds, args.n)
-  metrics = _report.compute_metrics(conf, ok, settings)
+  show = progress_enabled(args)
+  settings = _report.Settings(min_coverage=_report.check_min_coverage(args.min_coverage))
+  with stage("drawing the models", enabled=show):
+    cases, conf, ok = build_cases(args.seed, args.seeds, args.n)
+  with stage("metrics", enabled=show):
+    metrics = _report.compute_metrics(conf, ok, settings)
   summaries = [_case_summary(metrics, i) for i in range(len(cases))]
   thresholds = metrics["sweep"]["thresholds"]
 
@@ -255,11 +374,13 @@ def run(args: argparse.Namespace) -> int:
   print(f"cwsa-jax demo: the paper's synthetic models, n = {args.n}, mean over {args.seeds} seeds "
         "(± std in report.md);\nCWSA as the paper defines it (divided by the retained count)\n")
   print(_report.text_table(
-      _summary_headers(with_aumcc=False),
+      _summary_headers(),
       [_summary_row(cases[i]["name"], summaries[i], thresholds, with_std=False) for i in model_idx]))
 
-  with atomic_output_dir(out, force=args.force) as tmp:
-    figures = [] if args.no_figures else _figures(tmp, cases, conf, ok, metrics, settings, choices)
+  with _output.atomic_output_dir(out, force=args.force, command="demo", hint=_OUT_HINT) as tmp:
+    with stage("figures", enabled=show and not args.no_figures):
+      figures = [] if args.no_figures else _figures(tmp, cases, conf, ok, metrics, settings,
+                                                    choices)
     payload = {
         "command": "demo",
         "config": {"seed": args.seed, "seeds": args.seeds, "n": args.n,
@@ -277,7 +398,8 @@ def run(args: argparse.Namespace) -> int:
     }
     write_json_atomic(tmp / "metrics.json", payload)
     text = _report_text(args, cases, summaries, summary_rows, settings, figures, thresholds,
-                        choices)
+                        choices, _aumcc_rows(cases, metrics, model_idx),
+                        _ece_explanation(cases, conf, ok, summaries, settings))
     (tmp / "report.md").write_text(text, encoding="utf-8")
   elapsed = time.perf_counter() - start
   print(f"\nWrote {out}/report.md, {out}/metrics.json and {len(figures)} figures "
@@ -291,7 +413,7 @@ def _params_json(model: str) -> dict[str, Any]:
 
 
 def _report_text(args, cases, summaries, summary_rows, settings, figures, thresholds,
-                 choices) -> str:
+                 choices, aumcc_rows=(), ece_lines=()) -> str:
   md = _report.markdown_table
   parts = [
       "# cwsa-jax demo: the paper's synthetic models",
@@ -319,20 +441,30 @@ def _report_text(args, cases, summaries, summary_rows, settings, figures, thresh
       "are wrong); the paper's Table (random model) reports −0.110 at τ = 0.5 because its code "
       "divides by n: coverage × CWSA.",
       "- **perfect**: every metric saturates (CWSA = CWSA+ = 1, ECE = AURC = 0).",
-      "- **AUMCC(CWSA)** is the area under CWSA plotted against coverage over the threshold grid. "
-      "It is not normalised, so it mixes the metric's level with how much coverage the grid "
-      "sweeps: the perfect model's coverage never moves (every confidence is 1.0), so its area is "
-      "0. Compare AUMCC only between models with similar coverage ranges.",
+      *ece_lines,
+      "",
+      "Cells marked *0 (S empty)*: no seed retains anything at that threshold; CWSA and CWSA+ "
+      "are 0 there by the paper's convention, not by measurement.",
+      "",
+      "### AUMCC",
+      "",
+      md(("model", f"AUMCC(CWSA) {_report.AUMCC_MARK}", "coverage swept (τ low → high)",
+          "coverage span", "AUMCC ÷ span"), aumcc_rows),
+      "",
+      f"{_report.AUMCC_MARK} {_report.aumcc_caveat(settings.aumcc_axis)} Here the perfect "
+      "model's coverage never moves (every confidence is 1.0), so its area is 0 although its CWSA "
+      "is 1 at every threshold; AUMCC ÷ span is the mean CWSA over the coverage the grid sweeps "
+      "(seed means).",
       "",
   ]
   for file, caption in figures[:1]:
     parts += [f"![{caption}]({file})", "", f"*{caption}*", ""]
-  sel = _report.DEFAULT_SELECTION
   parts += [
       "## Deployment threshold",
       "",
       f"The threshold `select_threshold` picks for each model: the largest CWSA (divided by |S|) "
-      f"on the grid subject to coverage ≥ {sel['min_coverage']:g}, chosen on the model's "
+      f"on the grid subject to coverage ≥ {settings.min_coverage:g} (`--min-coverage`), chosen on "
+      "the model's "
       f"predictions pooled over the {args.seeds} seeds; the per-model figures mark it. "
       "*infeasible*: no threshold of the grid keeps that coverage.",
       "",
@@ -365,4 +497,5 @@ def add_parser(sub) -> None:
   add_synthetic_run_flags(p, default_out=DEFAULT_OUT, seeds=100,
                           num_samples=synthetic.PAPER_NUM_SAMPLES)
   p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
+  _report.add_min_coverage_flag(p)
   p.set_defaults(func=run)

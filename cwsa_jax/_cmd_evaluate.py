@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 from pathlib import Path
 
 import numpy as np
 
 from cwsa_jax import _io
+from cwsa_jax import _output
 from cwsa_jax import _report
-from cwsa_jax._cli_util import UserError, atomic_output_dir, write_json_atomic
-from cwsa_jax._cmd_compare import add_bootstrap_flags, check_bootstrap_flags
+from cwsa_jax._cli_util import (UserError, add_output_flags, add_progress_flag, progress_bar,
+                                progress_enabled, stage, write_json_atomic)
+from cwsa_jax._cmd_compare import add_bootstrap_flags, bootstrap_resamples, check_bootstrap_flags
 
 DEFAULT_OUT = "cwsa-evaluate"
 _NORMS = ("l1", "l2", "max")
@@ -30,6 +33,7 @@ def settings_from_args(args: argparse.Namespace) -> _report.Settings:
   if bins < 1:
     raise UserError(f"--bins must be >= 1, got {bins}")
   thresholds = _report.parse_thresholds(pick("thresholds"))
+  min_coverage = _report.check_min_coverage(args.min_coverage)
   return _report.Settings(
       thresholds=tuple(float(t) for t in thresholds),
       num_bins=bins,
@@ -38,6 +42,7 @@ def settings_from_args(args: argparse.Namespace) -> _report.Settings:
       aurc_convention=pick("aurc"),
       normalize=pick("normalize"),
       aumcc_axis=args.aumcc_axis,
+      min_coverage=min_coverage,
   )
 
 
@@ -58,26 +63,34 @@ def run(args: argparse.Namespace) -> int:
   check_bootstrap_flags(args, allow_zero=True)
   if args.worst is not None and args.worst < 1:
     raise UserError(f"--worst must be >= 1, got {args.worst}")
-  # Read and check everything before touching the output directory.
-  loaded = _io.load_predictions(args.file, labels_path=args.labels, scores=args.scores,
-                                group_by=args.group_by)
-  out = args.out if args.out is not None else _report.fresh_output_dir(DEFAULT_OUT)
-  if args.out is not None and not args.force and Path(out).exists():
-    raise UserError(f"output directory {out} already exists (use --force to replace it)")
-  metrics = _report.compute_metrics(loaded.confidences, loaded.correct, settings)
-  metrics.update(_scoring_rules(loaded))
-  metrics.update(_breakdowns(loaded, settings, args))
+  # Check the output folder and read the input before any long step.
+  inputs = (args.file, args.labels)
+  out = _output.check_output_dir(
+      args.out if args.out is not None else _report.fresh_output_dir(DEFAULT_OUT),
+      force=args.force, inputs=inputs)
+  show = progress_enabled(args)
+  with stage(f"loading {Path(args.file).name}", enabled=show):
+    loaded = _io.load_predictions(args.file, labels_path=args.labels, scores=args.scores,
+                                  group_by=args.group_by)
+  with stage("metrics", enabled=show):
+    metrics = _report.compute_metrics(loaded.confidences, loaded.correct, settings)
+    metrics.update(_scoring_rules(loaded))
+    metrics.update(_breakdowns(loaded, settings, args))
+  args.bootstrap = bootstrap_resamples(args, len(loaded.confidences), refuse=False)
   intervals = None
   if args.bootstrap:
-    from cwsa_jax import _intervals  # noqa: PLC0415
-    intervals = _intervals.evaluation_intervals(
-        loaded.confidences, loaded.correct, settings, num_resamples=args.bootstrap,
-        level=args.level, seed=args.seed)
+    from cwsa_jax import _bootstrap, _intervals  # noqa: PLC0415
+    with progress_bar(args.bootstrap, "bootstrap", enabled=show, unit="resample") as bar, \
+        _bootstrap.reporting(bar.update):
+      intervals = _intervals.evaluation_intervals(
+          loaded.confidences, loaded.correct, settings, num_resamples=args.bootstrap,
+          level=args.level, seed=args.seed)
   name = Path(args.file).name
-  with atomic_output_dir(out, force=args.force) as tmp:
-    figures = [] if args.no_figures else _report.write_model_figures(
-        tmp, loaded.confidences, loaded.correct, metrics, settings, name=name,
-        choice=metrics["threshold_choice"])
+  with _output.atomic_output_dir(out, force=args.force, inputs=inputs, command="evaluate") as tmp:
+    with stage("figures", enabled=show and not args.no_figures):
+      figures = [] if args.no_figures else _report.write_model_figures(
+          tmp, loaded.confidences, loaded.correct, metrics, settings, name=name,
+          choice=metrics["threshold_choice"])
     payload = {"command": "evaluate", "file": str(args.file), "source": loaded.source,
                "settings": settings.to_json(), **_report.to_json(metrics)}
     if intervals is not None:
@@ -118,7 +131,7 @@ def _breakdowns(loaded: _io.LoadedPredictions, settings: _report.Settings,
   c, ok = loaded.confidences, loaded.correct
   out = {"threshold_choice": _report.choose_threshold(c, ok, settings)}
   if loaded.labels is not None:
-    ids, names = _report.class_groups(loaded.labels)
+    ids, names = _io.class_groups(loaded)
     out["classes"] = _report.group_metrics(c, ok, ids, names, settings)
   if loaded.groups is not None:
     out["groups"] = {"column": args.group_by,
@@ -131,6 +144,7 @@ def _breakdowns(loaded: _io.LoadedPredictions, settings: _report.Settings,
 def _print_summary(loaded, metrics, settings) -> None:
   print(f"{loaded.source}: n = {metrics['n']}")
   print(_report.text_table(("metric", "value"), _report.scalar_rows(metrics)[1:]))
+  print(textwrap.fill(_report.aumcc_note(metrics, settings), width=100))
   print()
   indices = _report.selected_rows(metrics["sweep"]["thresholds"])
   print(_report.text_table(_report.SWEEP_HEADERS, _report.sweep_rows(metrics["sweep"], indices)))
@@ -138,10 +152,11 @@ def _print_summary(loaded, metrics, settings) -> None:
     print("(CWSA divided by n: the published code's variant)")
   choice = metrics["threshold_choice"]
   if choice["feasible"]:
-    print(f"\nselected threshold (best CWSA with coverage >= {choice['min_coverage']:g}): "
-          f"{choice['threshold']:.4g} (coverage {choice['coverage']:.4f})")
+    print(f"\nselected threshold (best CWSA with coverage >= {choice['min_coverage']:g}, "
+          f"--min-coverage): {choice['threshold']:.4g} (coverage {choice['coverage']:.4f})")
   else:
-    print(f"\nno threshold reaches coverage >= {choice['min_coverage']:g} on this grid")
+    print(f"\nno threshold reaches coverage >= {choice['min_coverage']:g} (--min-coverage) on "
+          "this grid")
 
 
 def add_parser(sub) -> None:
@@ -152,7 +167,8 @@ def add_parser(sub) -> None:
       "plus accuracy, ECE, AURC, E-AURC, AUGRC and AUMCC (and Brier / NLL when probabilities are "
       "given) for one model's predictions; write metrics.json, report.md and figures.",
       epilog="""input formats:
-  CSV   header with y_true,y_pred,confidence (the paper's code) or confidence,correct
+  CSV   header with y_true,y_pred,confidence (the paper's code) or confidence,correct;
+        labels are integers or class names (cat, dog); delimiter , ; TAB or |
   .npz  probs [n,K] (or logits [n,K]) and labels [n] -- what `cwsa-jax train` writes --
         or confidences [n] and correct [n]
   .npy  probs or logits [n,K]; labels from --labels LABELS.npy
@@ -160,13 +176,12 @@ def add_parser(sub) -> None:
 --published-code uses the paper's code conventions: thresholds linspace(0.5, 0.99, 20),
 10 ECE bins, AURC 'published_code', CWSA divided by n. Explicit flags override it.
 
-The report also states the threshold select_threshold picks (best CWSA with coverage >= 0.8),
+The report also states the threshold select_threshold picks (best CWSA with coverage >=
+--min-coverage, default 0.8),
 breaks the sweep down per true class when the labels are known (CSV y_true, .npz/.npy labels),
 per group with --group-by COLUMN (CSV), and lists the most confident mistakes with --worst K.""")
   p.add_argument("file", help="predictions file (.csv, .npz or .npy)")
-  p.add_argument("--out", metavar="DIR",
-                 help="output directory (default: ./cwsa-evaluate, or cwsa-evaluate-2, ... if taken)")
-  p.add_argument("--force", action="store_true", help="replace an existing --out directory")
+  add_output_flags(p, default_out=DEFAULT_OUT)
   p.add_argument("--labels", metavar="FILE.npy", help="labels for a .npy scores file")
   p.add_argument("--scores", choices=_io.SCORE_KINDS, default="auto",
                  help="how to read a score matrix: probabilities or logits (default: auto)")
@@ -185,6 +200,7 @@ per group with --group-by COLUMN (CSV), and lists the most confident mistakes wi
                  "all = n (the paper's published code)")
   p.add_argument("--aumcc-axis", choices=("coverage", "threshold"), default="coverage",
                  help="x axis of the AUMCC area (default coverage)")
+  _report.add_min_coverage_flag(p)
   p.add_argument("--published-code", action="store_true",
                  help="the paper's published-code conventions (see below)")
   p.add_argument("--group-by", metavar="COLUMN",
@@ -195,4 +211,5 @@ per group with --group-by COLUMN (CSV), and lists the most confident mistakes wi
                  "threshold of the grid")
   p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
   add_bootstrap_flags(p, default_resamples=1000)
+  add_progress_flag(p)
   p.set_defaults(func=run)

@@ -23,12 +23,15 @@ import jax
 import numpy as np
 from matplotlib.figure import Figure
 
+from cwsa_jax import _output
 from cwsa_jax import _report
 from cwsa_jax import plots
 from cwsa_jax import synthetic
-from cwsa_jax._cli_util import UserError, add_synthetic_run_flags, atomic_output_dir, write_json_atomic
+from cwsa_jax._cli_util import (UserError, add_synthetic_run_flags, progress_bar, progress_enabled,
+                                stage, write_json_atomic)
 
 DEFAULT_OUT = "cwsa-reproduce"
+_OUT_HINT = ", or omit --out for a fresh ./cwsa-reproduce-N"
 COLUMNS = ("selective_accuracy", "cwsa", "cwsa_plus", "coverage")
 COLUMN_TITLES = {"selective_accuracy": "sel. accuracy", "cwsa": "CWSA", "cwsa_plus": "CWSA+",
                  "coverage": "coverage"}
@@ -303,18 +306,19 @@ def run(args: argparse.Namespace) -> int:
     raise UserError(f"--seeds must be >= 2 (a spread needs several seeds), got {args.seeds}")
   if args.n < 2:
     raise UserError(f"--n must be >= 2, got {args.n}")
-  explicit = args.out is not None
-  out = args.out if explicit else _report.fresh_output_dir(DEFAULT_OUT)
-  if explicit and not args.force and Path(out).exists():
-    raise UserError(f"output directory {out} already exists (use --force to replace it, "
-                    "or omit --out for a fresh ./cwsa-reproduce-N)")
+  out = _output.check_output_dir(
+      args.out if args.out is not None else _report.fresh_output_dir(DEFAULT_OUT),
+      force=args.force, hint=_OUT_HINT)
   start = time.perf_counter()
+  show = progress_enabled(args)
   settings = _report.Settings(thresholds=tuple(float(t) for t in _report.published_code_thresholds()),
                               num_bins=10, aurc_convention="published_code")
   models = synthetic.MODELS
-  batch = synthetic.sample_models(jax.random.key(args.seed), num_seeds=args.seeds,
-                                  num_samples=args.n)
-  metrics = _evaluate(batch.confidences, batch.correct, settings)
+  with stage("drawing the models", enabled=show):
+    batch = synthetic.sample_models(jax.random.key(args.seed), num_seeds=args.seeds,
+                                    num_samples=args.n)
+  with stage("metrics", enabled=show):
+    metrics = _evaluate(batch.confidences, batch.correct, settings)
   tables = {model: _table(model, models.index(model), metrics) for model in PAPER_TABLES}
   claims = _claims(models, metrics)
 
@@ -333,9 +337,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"  not reproduced: {c['model']}: {c['claim']} = {c['retained']['published_text']} "
           f"(regenerated {best['mean']:.4f} ± {best['std']:.4f})")
 
-  with atomic_output_dir(out, force=args.force) as tmp:
-    figures = [_figure(tmp, model, models.index(model), metrics, rows)
-               for model, rows in tables.items()]
+  with _output.atomic_output_dir(out, force=args.force, command="reproduce-paper",
+                                 hint=_OUT_HINT) as tmp:
+    with progress_bar(len(tables), "figures", enabled=show, unit="figure") as bar:
+      figures = []
+      for model, rows in tables.items():
+        figures.append(_figure(tmp, model, models.index(model), metrics, rows))
+        bar.update(1)
     payload = {
         "command": "reproduce-paper",
         "config": {"seed": args.seed, "seeds": args.seeds, "n": args.n,

@@ -11,7 +11,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from cwsa_jax import _validation
 
@@ -23,6 +22,7 @@ class Predictions(NamedTuple):
 
 
 def _check_scores(scores, labels, name):
+  """(float scores [..., n, K], int32 labels [..., n], per-sample label flag or None)."""
   scores = _validation.as_float_array(scores, name)
   if scores.ndim < 2:
     raise ValueError(f"{name} must have shape [..., n, num_classes], got {scores.shape}")
@@ -30,39 +30,31 @@ def _check_scores(scores, labels, name):
     raise ValueError(f"{name} has no classes (last axis is empty)")
   if scores.shape[-2] == 0:
     raise ValueError(f"{name} is empty: at least one sample is needed")
-  labels = _validation.as_labels(labels, "labels", num_classes=scores.shape[-1])
+  labels, label_flag = _validation.labels(labels, scores.shape[-1])
   if labels.shape != scores.shape[:-1]:
     raise ValueError(
         f"labels must have shape {scores.shape[:-1]} to match {name} {scores.shape}, got {labels.shape}")
-  if _validation.is_concrete(scores) and not np.all(np.isfinite(np.asarray(scores))):
-    raise ValueError(f"{name} contains NaN or infinite values")
-  return scores, labels
+  return scores, labels, label_flag
 
 
-def check_probabilities(probs: jax.Array, name: str = "probs", *, atol: float = 1e-3) -> None:
-  """Raises unless concrete ``probs`` [..., K] lie in [0, 1] and sum to 1 within ``atol``."""
-  if not _validation.is_concrete(probs):
-    return
-  p = np.asarray(probs, dtype=np.float64)
-  if p.min() < 0.0 or p.max() > 1.0:
-    raise ValueError(f"{name} must lie in [0, 1], got values in [{p.min():.6g}, {p.max():.6g}]")
-  err = np.abs(p.sum(axis=-1) - 1.0)
-  if err.max() > atol:
-    i = int(np.argmax(err.reshape(-1)))
-    raise ValueError(
-        f"{name} rows must sum to 1 (within {atol}); row {i} sums to {1.0 + float(err.reshape(-1)[i]):.6g}"
-        " (pass logits to confidences_from_logits instead?)")
+def check_probabilities(probs: jax.Array, name: str = "probs") -> jax.Array | None:
+  """Raises unless concrete ``probs`` [..., K] are probabilities; else the traced flag."""
+  return _validation.check_probabilities(probs, name)
 
 
 def confidences_from_probs(probs, labels) -> Predictions:
   """(max probability, argmax == label) from class probabilities.
 
   Args:
-    probs: [..., n, K] probabilities; each row must sum to 1 (within 1e-3).
+    probs: [..., n, K] probabilities in [0, 1]; each row must sum to 1 (within
+      ``_validation.PROBABILITY_TOLERANCE`` = 1e-3).
     labels: [..., n] integer labels in [0, K).
 
   Returns:
-    :class:`Predictions` ``(confidences, correct)``.
+    :class:`Predictions` ``(confidences, correct)``. Inside a user's ``jit`` /
+    ``vmap``, a sample whose probability row or label is invalid gets a NaN
+    confidence (so every metric of it is NaN). The confidence is
+    differentiable in the probabilities (the max: exact almost everywhere).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -72,9 +64,10 @@ def confidences_from_probs(probs, labels) -> Predictions:
     >>> print([round(float(x), 4) for x in c], ok.tolist())
     [0.7, 0.4] [True, False]
   """
-  probs, labels = _check_scores(probs, labels, "probs")
-  check_probabilities(probs)
-  return _from_probs(probs, labels)
+  probs, labels, label_flag = _check_scores(probs, labels, "probs")
+  flag = _validation.either(check_probabilities(probs), label_flag)
+  result = _from_probs(probs, labels)
+  return result._replace(confidences=_validation.poison(result.confidences, rows=flag))
 
 
 @jax.jit
@@ -96,7 +89,9 @@ def confidences_from_logits(logits, labels) -> Predictions:
     labels: [..., n] integer labels in [0, K).
 
   Returns:
-    :class:`Predictions` ``(confidences, correct)``.
+    :class:`Predictions` ``(confidences, correct)``. Inside a user's ``jit`` /
+    ``vmap``, a sample with a NaN/inf logit or an invalid label gets a NaN
+    confidence. The confidence is differentiable in the logits (exact).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -105,8 +100,11 @@ def confidences_from_logits(logits, labels) -> Predictions:
     >>> print([round(float(x), 4) for x in c], ok.tolist())
     [0.8808, 1.0] [True, False]
   """
-  logits, labels = _check_scores(logits, labels, "logits")
-  return _from_logits(logits, labels)
+  logits, labels, label_flag = _check_scores(logits, labels, "logits")
+  finite_flag = _validation.check_finite_in_unit_interval(logits, "logits", unit=False)
+  flag = _validation.either(finite_flag, label_flag)
+  result = _from_logits(logits, labels)
+  return result._replace(confidences=_validation.poison(result.confidences, rows=flag))
 
 
 @jax.jit

@@ -22,7 +22,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from cwsa_jax import _stats
 from cwsa_jax import _validation
 
 METRICS = ("cwsa", "cwsa_plus")
@@ -41,8 +40,7 @@ def _contributions(confidences, correct, tau, plus):
   phi = (confidences - tau) / (1.0 - tau)
   weight = jnp.where(plus, kappa, 2.0 * kappa - 1.0)
   terms = jnp.where(retained, phi * weight, 0.0)
-  bad = _stats.invalid_inputs(confidences, correct) | ~((tau >= 0) & (tau < 1))
-  return Contributions(jnp.where(bad, jnp.nan, terms), retained)
+  return Contributions(terms, retained)
 
 
 def contributions(confidences, correct, tau, *, metric: str = "cwsa") -> Contributions:
@@ -74,8 +72,11 @@ def contributions(confidences, correct, tau, *, metric: str = "cwsa") -> Contrib
   Raises:
     ValueError: on concrete inputs with NaN, values outside [0, 1], tau
       outside [0, 1), mismatched shapes, no samples or an unknown metric.
-      Inside a user's ``jit`` only shape checks run; invalid values give NaN
-      terms.
+      Inside a user's ``jit`` / ``vmap`` invalid values give NaN terms (for
+      the invalid row).
+
+  The terms are differentiable almost everywhere in the confidences, graded
+  correctness and tau (autodiff through the elementwise formula is exact).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -87,8 +88,10 @@ def contributions(confidences, correct, tau, *, metric: str = "cwsa") -> Contrib
   """
   if metric not in METRICS:
     raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
-  confidences, correct, tau = _validation.prepare_at_threshold(confidences, correct, tau)
-  return _contributions(confidences, correct, tau, metric == "cwsa_plus")
+  confidences, correct, tau, rows, tau_flag = _validation.prepare_at_threshold(
+      confidences, correct, tau)
+  result = _contributions(confidences, correct, tau, metric == "cwsa_plus")
+  return result._replace(terms=_validation.poison(result.terms, rows=rows, items=tau_flag))
 
 
 def most_damaging(result: Contributions, *, k: int = 10) -> jax.Array:
@@ -113,6 +116,11 @@ def most_damaging(result: Contributions, *, k: int = 10) -> jax.Array:
   terms = jnp.asarray(result.terms)
   if terms.ndim != 1:
     raise ValueError(f"most_damaging expects 1-D terms [n], got shape {terms.shape}")
+  if not _validation.is_concrete(terms):
+    raise TypeError("most_damaging returns a data-dependent number of indices: call it outside "
+                    "jit/vmap/grad, on concrete contributions")
+  if bool(jnp.any(jnp.isnan(terms))):
+    raise ValueError("terms contain NaN: the contributions were computed from invalid inputs")
   order = jnp.argsort(terms, stable=True)
   order = order[:k]
   keep = (terms[order] < 0) & jnp.asarray(result.retained)[order]

@@ -74,6 +74,16 @@ def _normalize(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
   return hi + (lo >> _CARRY_BITS), lo & _CARRY_MASK
 
 
+def _column_sums(cols: jax.Array, ids: jax.Array, num_segments: int) -> jax.Array:
+  """Per-segment sums [num_segments, K] of int32 columns [K, C].
+
+  One 1-D scatter-add per column: on CPU, K scalar scatters are about twice
+  as fast as one scatter of K-wide rows.
+  """
+  return jnp.stack([jax.ops.segment_sum(col, ids, num_segments=num_segments) for col in cols],
+                   axis=1)
+
+
 def segment_sums(
     columns_fn: Callable[..., tuple[jax.Array, jax.Array]],
     arrays: Sequence[jax.Array],
@@ -99,7 +109,7 @@ def segment_sums(
   n = arrays[0].shape[0]
   if n <= chunk_size:
     ids, cols = columns_fn(*arrays)
-    return _split(jax.ops.segment_sum(cols.T, ids, num_segments=num_segments))
+    return _split(_column_sums(cols, ids, num_segments))
 
   num_chunks = -(-n // chunk_size)
   local = jnp.arange(chunk_size, dtype=jnp.int32)
@@ -113,7 +123,7 @@ def segment_sums(
     chunk = [jax.lax.dynamic_slice_in_dim(a, start, chunk_size) for a in arrays]
     ids, cols = columns_fn(*chunk)
     ids = jnp.where(start + local >= first, ids, num_segments)
-    sums = jax.ops.segment_sum(cols.T, ids, num_segments=num_segments + 1)[:num_segments]
+    sums = _column_sums(cols, ids, num_segments + 1)[:num_segments]
     s_hi, s_lo = _split(sums)
     return _normalize(hi + s_hi, lo + s_lo)
 

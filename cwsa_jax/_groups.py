@@ -29,43 +29,64 @@ def _group_suffix_sums(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Arr
   return jax.vmap(_exact.suffix_sums)(hi, lo)
 
 
-@functools.partial(jax.jit, static_argnames=("num_groups",))
-def _sweep_by_group_1d(confidences, correct, groups, thresholds, *, num_groups):
-  num_thresholds = thresholds.shape[0]
+def _group_ids(confidences, groups, sorted_thresholds, num_groups):
+  """Each sample's segment ``group * (T + 1) + bucket`` (out-of-range groups: out of range)."""
+  num_thresholds = sorted_thresholds.shape[0]
   num_buckets = num_thresholds + 1
-  graded = correct.dtype != jnp.bool_
-  order = jnp.argsort(thresholds)
-  sorted_thresholds = thresholds[order]
   first, counts, max_per_cell = _sweep.bucket_table(sorted_thresholds,
                                                     _sweep.num_cells(num_thresholds))
+  bucket = _sweep.bucketize(jnp.clip(confidences, 0.0, 1.0), sorted_thresholds, first, counts,
+                            max_per_cell)
+  # Inside a user's jit, out-of-range groups are dropped (their rows are NaN, see sweep_by_group).
+  valid = (groups >= 0) & (groups < num_groups)
+  return jnp.where(valid, groups * num_buckets + bucket, num_groups * num_buckets)
+
+
+def _exact_group_sums(confidences, correct, groups, sorted_thresholds, *, num_groups):
+  """Exact suffix :class:`~cwsa_jax._stats.Sums` [G, T + 1] along each group's bucket axis."""
+  num_buckets = sorted_thresholds.shape[0] + 1
+  graded = correct.dtype != jnp.bool_
   per_bucket = _stats.segments_per_bucket(graded)
   num_segments = per_bucket * num_groups * num_buckets
+  ids = _group_ids(confidences, groups, sorted_thresholds, num_groups)
 
-  def columns_fn(c, kappa, g):
-    bucket = _sweep.bucketize(jnp.clip(c, 0.0, 1.0), sorted_thresholds, first, counts,
-                              max_per_cell)
-    ids, cols = _stats.segment_columns(c, kappa, g * num_buckets + bucket)
-    # Inside a user's jit, out-of-range groups are dropped (and flagged below).
-    valid = (g >= 0) & (g < num_groups)
-    return jnp.where(valid, ids, num_segments), cols
+  def columns_fn(c, kappa, segment):
+    seg_ids, cols = _stats.segment_columns(c, kappa, segment)
+    return jnp.where(segment < num_groups * num_buckets, seg_ids, num_segments), cols
 
-  hi, lo = _exact.segment_sums(columns_fn, [confidences, correct, groups], num_segments)
+  hi, lo = _exact.segment_sums(columns_fn, [confidences, correct, ids], num_segments)
   # [G * buckets * per_bucket, K] -> [G, buckets, per_bucket * K].
   hi, lo = (x.reshape(num_groups, num_buckets, -1) for x in (hi, lo))
   hi, lo = _group_suffix_sums(hi, lo)
-  # Bucket 0's suffix is the whole group; threshold j (sorted) retains buckets j + 1, ..., T.
-  sizes = _stats.sums_from_columns(_exact.to_float(hi[:, 0], lo[:, 0]), graded).count
-  sums = _stats.sums_from_columns(_exact.to_float(hi[:, 1:], lo[:, 1:]), graded)
+  return _stats.sums_from_columns(_exact.to_float(hi, lo), graded)
+
+
+def _group_segments(confidences, correct, groups, sorted_thresholds, *, num_groups):
+  del correct
+  ids = _group_ids(confidences, groups, sorted_thresholds, num_groups)
+  return ids, (num_groups, sorted_thresholds.shape[0] + 1), 0
+
+
+@functools.partial(jax.jit, static_argnames=("num_groups",))
+def _sweep_by_group_1d(confidences, correct, groups, thresholds, *, num_groups):
+  num_thresholds = thresholds.shape[0]
+  order, sorted_thresholds = _sweep.sorted_thresholds(thresholds)
+  # Exact sums; their derivative in c (and kappa) is the float sum over each retained set.
+  all_sums = _stats.exact_sums(
+      functools.partial(_exact_group_sums, num_groups=num_groups),
+      functools.partial(_group_segments, num_groups=num_groups),
+      confidences, correct, groups, sorted_thresholds)
+  # Entry 0 of each group's suffix is the whole group; threshold j (sorted) retains 1 + j onwards.
+  sizes = all_sums.count[:, 0]
+  sums = _stats.Sums(*(x[:, 1:] for x in all_sums))
   nonempty = sizes > 0
   safe_sizes = jnp.where(nonempty, sizes, 1.0)[:, None]
-  metrics = _stats.metrics_from_sums(sums, sorted_thresholds, 1)
+  metrics = _stats.metrics_from_sums(sums, thresholds[order], 1)
   metrics = metrics._replace(coverage=sums.count / safe_sizes)
   inverse = jnp.zeros_like(order).at[order].set(jnp.arange(num_thresholds, dtype=order.dtype))
-  bad = (_stats.invalid_inputs(confidences, correct)
-         | jnp.any((groups < 0) | (groups >= num_groups)))
-  bad = bad | ~((thresholds >= 0) & (thresholds < 1))  # [T]
-  bad = bad[None, :] | ~nonempty[:, None]  # [G, T]
-  fields = [jnp.where(bad, jnp.nan, m[:, inverse]) for m in metrics]
+  # A group with no samples has nothing to measure: NaN (not an input error).
+  fields = [jnp.where(nonempty[:, None], m[:, inverse], jnp.nan) for m in metrics]
+  fields = _validation.poison(fields, items=_validation.bad_threshold(thresholds))
   return SweepResult(thresholds, *fields)
 
 
@@ -109,8 +130,13 @@ def sweep_by_group(confidences, correct, groups, thresholds, *, num_groups: int,
   Raises:
     ValueError: on concrete inputs with NaN, values outside [0, 1], group ids
       out of range or non-integer, num_groups < 1, mismatched shapes, or no
-      samples. Inside a user's ``jit`` only shape checks run; invalid values
-      (including out-of-range group ids) give NaN outputs.
+      samples. Inside a user's ``jit`` / ``vmap`` invalid values (including
+      out-of-range group ids) give NaN outputs (the invalid row, or the
+      column of an invalid threshold).
+
+  Gradients: as :func:`~cwsa_jax.sweep` (CWSA and CWSA+ exact almost
+  everywhere in the confidences, coverage and selective accuracy piecewise
+  constant).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -122,18 +148,17 @@ def sweep_by_group(confidences, correct, groups, thresholds, *, num_groups: int,
   """
   _stats.check_normalize(normalize)
   num_groups = _validation.positive_int(num_groups, "num_groups")
-  confidences = _validation.as_float_array(confidences, "confidences")
-  correct = _validation.as_correct(correct)
-  groups = _validation.as_labels(groups, "groups", num_classes=num_groups)
-  thresholds = _validation.as_thresholds(thresholds)
-  _validation.check_samples(confidences, correct)
+  confidences, correct, rows = _validation.samples(confidences, correct)
+  groups, group_flag = _validation.labels(groups, num_groups, "groups")
+  thresholds, _ = _validation.thresholds(thresholds)  # invalid ones: NaN in the kernel
   _validation.check_same_leading_shape(confidences, groups, "confidences", "groups")
+  if group_flag is not None:
+    rows = _validation.either(rows, jnp.any(group_flag, axis=-1))
   fn = functools.partial(_sweep_by_group_1d, num_groups=num_groups)
   for _ in range(confidences.ndim - 1):
     fn = jax.vmap(fn, in_axes=(0, 0, 0, None))
-  result = fn(confidences.astype(jnp.float32), correct, groups.astype(jnp.int32),
-              thresholds)
-  return _stats.renormalize(result, normalize)
+  result = _stats.renormalize(fn(confidences, correct, groups, thresholds), normalize)
+  return SweepResult(result.thresholds, *_validation.poison(tuple(result[1:]), rows=rows))
 
 
 def group_gap(result: SweepResult, field: str = "cwsa") -> jax.Array:

@@ -5,8 +5,11 @@ Supported files (chosen by extension):
 * ``.csv`` with a header row and either the columns ``y_true,y_pred,confidence``
   (what the paper's published code writes) or ``confidence,correct``. Other
   columns (e.g. a pandas index) are ignored; when both sets are present,
-  ``correct`` is used. Labels must be integers; ``correct`` is 0/1 or
-  true/false.
+  ``correct`` is used. Class labels are integers or class names (``cat``,
+  ``dog``: all one or the other); ``correct`` is 0/1 or true/false. The
+  delimiter is ``,``, ``;``, TAB or ``|`` (whichever splits the header into
+  those columns). It is read in blocks of rows with NumPy's parser
+  (:func:`iter_csv_chunks`, in :mod:`cwsa_jax._csv`).
 * ``.npz`` with ``probs`` [n, K] or ``logits`` [n, K] and ``labels`` [n] (what
   ``cwsa-jax train`` writes), or ``confidences`` [n] and ``correct`` [n].
 * ``.npy`` with probabilities or logits [n, K]; the labels come from a second
@@ -22,22 +25,22 @@ the file name.
 
 from __future__ import annotations
 
-import csv
 import os
 import zipfile
+import zlib
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 from cwsa_jax._cli_util import UserError
+from cwsa_jax import _csv
+from cwsa_jax._csv import CsvChunk, iter_csv_chunks  # noqa: F401  (re-exported)
 
 EXTENSIONS = (".csv", ".npz", ".npy")
 SCORE_KINDS = ("auto", "probs", "logits")
 _CONFIDENCE_SLACK = 1e-6
 _PROBS_ATOL = 1e-3
-_TRUE = {"1", "1.0", "true", "t", "yes"}
-_FALSE = {"0", "0.0", "false", "f", "no"}
 
 
 class LoadedPredictions(NamedTuple):
@@ -50,10 +53,13 @@ class LoadedPredictions(NamedTuple):
     num_classes: number of classes when known (probabilities / logits), else None.
     scores: float64 [n, K] probabilities or logits when the file holds them, else None.
     labels: int64 [n] true labels when the file holds them (scores, or a CSV
-      with y_true), else None.
+      with y_true), else None. For a CSV with class names, ids into
+      ``class_names``.
     from_logits: whether ``scores`` are logits.
     groups: int64 [n] group ids in [0, len(group_names)) from ``group_by``, else None.
     group_names: the group labels, in id order (sorted), else None.
+    class_names: for a CSV with class names (not integers), the names of the
+      label ids (the sorted names seen in y_true and y_pred), else None.
   """
   confidences: np.ndarray
   correct: np.ndarray
@@ -64,6 +70,7 @@ class LoadedPredictions(NamedTuple):
   from_logits: bool = False
   groups: np.ndarray | None = None
   group_names: tuple[str, ...] | None = None
+  class_names: tuple[str, ...] | None = None
 
 
 def load_predictions(path: str | os.PathLike, *, labels_path: str | os.PathLike | None = None,
@@ -100,11 +107,17 @@ def load_predictions(path: str | os.PathLike, *, labels_path: str | os.PathLike 
     raise UserError(f"--labels is only used with a .npy scores file, not with {path}")
   if group_by is not None and ext != ".csv":
     raise UserError(f"--group-by needs a CSV file with the group column, not {path}")
-  if ext == ".csv":
-    return _load_csv(path, group_by)
-  if ext == ".npz":
-    return _load_npz(path, scores)
-  return _load_npy(path, labels_path, scores)
+  try:
+    if ext == ".csv":
+      return _load_csv(path, group_by)
+    if ext == ".npz":
+      return _load_npz(path, scores)
+    return _load_npy(path, labels_path, scores)
+  except UserError as e:
+    message = str(e)
+    if "\n" not in message and "\r" not in message:
+      raise
+    raise UserError(" ".join(message.split())) from None  # a NumPy message over several lines
 
 
 # --------------------------------------------------------------------------
@@ -113,127 +126,71 @@ def load_predictions(path: str | os.PathLike, *, labels_path: str | os.PathLike 
 
 
 def _load_csv(path: Path, group_by: str | None = None) -> LoadedPredictions:
-  try:
-    with open(path, newline="", encoding="utf-8-sig") as f:
-      rows = list(csv.reader(f))
-  except UnicodeDecodeError:
-    raise UserError(f"{path}: not a text CSV file (cannot decode it as UTF-8)") from None
-  except (OSError, csv.Error) as e:
-    raise UserError(f"{path}: cannot read CSV: {e}") from None
-  # Skip blank lines but remember the line numbers (header is line 1).
-  numbered = [(i + 1, row) for i, row in enumerate(rows) if any(cell.strip() for cell in row)]
-  if not numbered:
-    raise UserError(f"{path}: empty file (expected a header with y_true,y_pred,confidence "
-                    "or confidence,correct)")
-  _, header = numbered[0]
-  names = [h.strip().lower() for h in header]
-  index = {}
-  for i, name in enumerate(names):
-    if name and name in index:
-      raise UserError(f"{path}: duplicate column {name!r} in the header")
-    index[name] = i
-  if "confidence" in index and "correct" in index:
-    wanted = ("confidence", "correct")
-  elif {"y_true", "y_pred", "confidence"} <= set(index):
-    wanted = ("y_true", "y_pred", "confidence")
-  else:
-    missing_a = [c for c in ("y_true", "y_pred", "confidence") if c not in index]
-    missing_b = [c for c in ("confidence", "correct") if c not in index]
-    missing = missing_a if len(missing_a) <= len(missing_b) else missing_b
-    found = ",".join(h.strip() for h in header)
-    raise UserError(f"{path}: missing column(s) {', '.join(missing)}; expected the columns "
-                    f"y_true,y_pred,confidence or confidence,correct, found {found}")
-  group_key = None
-  if group_by is not None:
-    group_key = group_by.strip().lower()
-    if group_key not in index or not group_key:
-      found = ",".join(h.strip() for h in header)
-      raise UserError(f"{path}: --group-by column {group_by!r} not found; the header has {found}")
-  data = numbered[1:]
-  if not data:
-    raise UserError(f"{path}: no data rows after the header")
-  width = len(header)
-  for line, row in data:
-    if len(row) != width:
-      raise UserError(f"{path}: line {line} has {len(row)} field(s), the header has {width}")
-  columns = {name: [row[index[name]].strip() for _, row in data] for name in wanted}
-  lines = [line for line, _ in data]
-  confidences = _float_column(path, columns["confidence"], "confidence", lines)
-  confidences = _check_confidences(path, confidences, "confidence", lines)
-  labels = None
-  if "correct" in columns:
-    correct = _bool_column(path, columns["correct"], lines)
+  """The whole file through :func:`iter_csv_chunks`: only NumPy arrays are kept per block."""
+  confidences, correct, true_labels, pred_names, groups = [], [], [], [], []
+  for chunk in iter_csv_chunks(path, _csv.DEFAULT_CHUNK_ROWS, group_by=group_by):
+    confidences.append(chunk.confidences.astype(np.float32))
+    correct.append(chunk.correct)
+    if chunk.y_true is not None:
+      if chunk.y_true.dtype.kind == "U":
+        true_labels.append(np.unique(chunk.y_true, return_inverse=True))
+        pred_names.append(np.unique(chunk.y_pred))
+      else:
+        true_labels.append(chunk.y_true)
+    if chunk.groups is not None:
+      groups.append(np.unique(chunk.groups, return_inverse=True))
+  labels = class_names = None
+  if not true_labels:
     source = f"{path.name} (CSV: confidence, correct)"
+  elif isinstance(true_labels[0], tuple):
+    labels, names = _merge_codes(true_labels, pred_names)
+    class_names = tuple(str(name) for name in names)
+    source = f"{path.name} (CSV: y_true, y_pred, confidence; class names)"
   else:
-    labels = _int_column(path, columns["y_true"], "y_true", lines)
-    y_pred = _int_column(path, columns["y_pred"], "y_pred", lines)
-    correct = labels == y_pred
+    labels = np.concatenate(true_labels)
     source = f"{path.name} (CSV: y_true, y_pred, confidence)"
-  groups = names = None
-  if group_key is not None:
-    cells = [row[index[group_key]].strip() for _, row in data]
-    groups, names = _group_column(path, cells, group_by.strip(), lines)
-  return LoadedPredictions(confidences.astype(np.float32), correct, source, labels=labels,
-                           groups=groups, group_names=names)
+  group_ids = group_names = None
+  if groups:
+    group_ids, group_names = _group_ids(groups)
+  return LoadedPredictions(np.concatenate(confidences), np.concatenate(correct), source,
+                           labels=labels, groups=group_ids, group_names=group_names,
+                           class_names=class_names)
 
 
-def _group_column(path: Path, cells: list[str], name: str,
-                  lines: list[int]) -> tuple[np.ndarray, tuple[str, ...]]:
+def _merge_codes(parts: list[tuple[np.ndarray, np.ndarray]],
+                 extra: list[np.ndarray] = ()) -> tuple[np.ndarray, np.ndarray]:
+  """Blocks of (unique values, inverse) as int64 ids into the sorted union (with ``extra``)."""
+  union = np.unique(np.concatenate([u for u, _ in parts] + list(extra)))
+  ids = [np.searchsorted(union, u)[inverse] for u, inverse in parts]
+  return np.concatenate(ids).astype(np.int64), union
+
+
+def _group_ids(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, tuple[str, ...]]:
   """Group ids in sorted label order: integer labels numerically, else strings."""
-  for i, cell in enumerate(cells):
-    if cell == "":
-      raise UserError(f"{path}: line {lines[i]}: empty {name} cell")
+  ids, cells = _merge_codes(parts)
   try:
-    values = np.array([int(cell) for cell in cells], dtype=np.int64)
-  except ValueError:
-    unique, ids = np.unique(np.array(cells, dtype=object).astype(str), return_inverse=True)
-    return ids.astype(np.int64), tuple(str(u) for u in unique)
-  unique, ids = np.unique(values, return_inverse=True)
-  return ids.astype(np.int64), tuple(str(int(u)) for u in unique)
+    values = np.array([int(cell) for cell in cells.tolist()], dtype=np.int64)
+  except (ValueError, OverflowError):
+    return ids, tuple(str(cell) for cell in cells.tolist())
+  unique, remap = np.unique(values, return_inverse=True)
+  return remap[ids].astype(np.int64), tuple(str(int(u)) for u in unique)
 
 
-def _float_column(path: Path, cells: list[str], name: str, lines: list[int]) -> np.ndarray:
-  for i, cell in enumerate(cells):
-    if cell == "":
-      raise UserError(f"{path}: line {lines[i]}: empty {name} cell")
-  try:
-    values = np.array(cells, dtype=np.float64)
-  except ValueError:
-    for i, cell in enumerate(cells):
-      try:
-        float(cell)
-      except ValueError:
-        raise UserError(f"{path}: line {lines[i]}: {name} {cell!r} is not a number") from None
-    raise  # pragma: no cover  (numpy rejected a value that float() accepts)
-  bad = np.flatnonzero(~np.isfinite(values))
-  if bad.size:
-    i = int(bad[0])
-    raise UserError(f"{path}: line {lines[i]}: {name} {cells[i]!r} is not a finite number")
-  return values
+def class_groups(loaded: LoadedPredictions) -> tuple[np.ndarray, tuple[str, ...]]:
+  """Group ids of the true classes (sorted) and their names (class names when the file has them)."""
+  unique, ids = np.unique(loaded.labels, return_inverse=True)
+  names = loaded.class_names
+  return ids.astype(np.int64), tuple(names[int(u)] if names is not None else str(int(u))
+                                     for u in unique)
 
 
-def _int_column(path: Path, cells: list[str], name: str, lines: list[int]) -> np.ndarray:
-  values = _float_column(path, cells, name, lines)
-  bad = np.flatnonzero(values != np.round(values))
-  if bad.size:
-    i = int(bad[0])
-    raise UserError(f"{path}: line {lines[i]}: {name} {cells[i]!r} is not an integer class label")
-  return values.astype(np.int64)
-
-
-def _bool_column(path: Path, cells: list[str], lines: list[int]) -> np.ndarray:
-  out = np.empty(len(cells), dtype=bool)
-  for i, cell in enumerate(cells):
-    v = cell.lower()
-    if v in _TRUE:
-      out[i] = True
-    elif v in _FALSE:
-      out[i] = False
-    elif v == "":
-      raise UserError(f"{path}: line {lines[i]}: empty correct cell")
-    else:
-      raise UserError(f"{path}: line {lines[i]}: correct {cell!r} must be 0/1 or true/false")
-  return out
+def label_values(loaded: LoadedPredictions) -> np.ndarray | None:
+  """The true labels as the file wrote them (int64, or str class names), else None."""
+  if loaded.labels is None:
+    return None
+  if loaded.class_names is None:
+    return loaded.labels
+  return np.asarray(loaded.class_names, dtype=str)[loaded.labels]
 
 
 def _check_confidences(path: Path, values: np.ndarray, name: str,
@@ -256,52 +213,76 @@ def _load_array(path: Path, data: np.ndarray | None = None) -> np.ndarray:
   if data is not None:
     return data
   try:
-    return np.load(path, allow_pickle=False)
-  except ValueError as e:
+    array = np.load(path, allow_pickle=False)
+  except (ValueError, EOFError) as e:
     raise UserError(f"{path}: cannot read as .npy ({e})") from None
   except OSError as e:
     raise UserError(f"{path}: cannot read: {e}") from None
+  if not isinstance(array, np.ndarray):
+    array.close()
+    raise UserError(f"{path}: an .npz archive, not a .npy array (rename it to .npz?)")
+  return array
 
 
 def _load_npz(path: Path, scores: str) -> LoadedPredictions:
   try:
     archive = np.load(path, allow_pickle=False)
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-      raise UserError(f"{path}: not an .npz archive (it holds a single array; rename it to .npy?)")
-    with archive:
-      arrays = {k: archive[k] for k in archive.files}
-  except UserError:
-    raise
   except (zipfile.BadZipFile, ValueError, EOFError) as e:
     raise UserError(f"{path}: not a valid .npz file ({e})") from None
   except OSError as e:
     raise UserError(f"{path}: cannot read: {e}") from None
-  keys = ", ".join(sorted(arrays)) or "none"
-  if "confidences" in arrays and "correct" in arrays:
-    conf = _numeric(path, arrays["confidences"], "confidences")
-    if conf.ndim != 1:
-      raise UserError(f"{path}: confidences must be 1-D [n], got shape {conf.shape}")
-    if conf.size == 0:
-      raise UserError(f"{path}: confidences is empty")
-    correct = _as_bool(path, arrays["correct"], "correct")
-    if correct.shape != conf.shape:
-      raise UserError(f"{path}: confidences has {conf.shape[0]} entries but correct has "
-                      f"{correct.shape[0] if correct.ndim else 'a scalar'}")
-    conf = _check_confidences(path, conf, "confidences")
-    return LoadedPredictions(conf.astype(np.float32), correct,
-                             f"{path.name} (npz: confidences, correct)")
-  have = [k for k in ("probs", "logits") if k in arrays]
-  if not have or "labels" not in arrays:
-    raise UserError(f"{path}: expected the keys probs (or logits) and labels, or confidences "
-                    f"and correct; found {keys}")
-  if len(have) == 2:
-    kind = "probs" if scores in ("auto", "probs") else "logits"
-  else:
-    kind = have[0]
-    if scores != "auto" and scores != kind:
-      raise UserError(f"{path}: --scores {scores} given but the file holds {kind}")
-  return _from_scores(path, arrays[kind], path, arrays["labels"], kind,
-                      f"{path.name} (npz: {kind}, labels)")
+  if not isinstance(archive, np.lib.npyio.NpzFile):
+    raise UserError(f"{path}: not an .npz archive (it holds a single array; rename it to .npy?)")
+  with archive:
+    files = set(archive.files)
+    keys = ", ".join(sorted(files)) or "none"
+    if "confidences" in files and "correct" in files:
+      conf, correct = (_npz_member(path, archive, k) for k in ("confidences", "correct"))
+      return _from_confidences(path, conf, correct)
+    have = [k for k in ("probs", "logits") if k in files]
+    if not have or "labels" not in files:
+      raise UserError(f"{path}: expected the keys probs (or logits) and labels, or confidences "
+                      f"and correct; found {keys}")
+    if len(have) == 2:
+      kind = "probs" if scores in ("auto", "probs") else "logits"
+    else:
+      kind = have[0]
+      if scores != "auto" and scores != kind:
+        raise UserError(f"{path}: --scores {scores} given but the file holds {kind}")
+    values, labels = (_npz_member(path, archive, k) for k in (kind, "labels"))
+  return _from_scores(path, values, path, labels, kind, f"{path.name} (npz: {kind}, labels)")
+
+
+def _npz_member(path: Path, archive, key: str) -> np.ndarray:
+  """One array of an archive (only the needed ones are read: others may hold anything)."""
+  try:
+    value = archive[key]
+  except (zipfile.BadZipFile, ValueError, EOFError, KeyError, NotImplementedError, RuntimeError,
+          zlib.error) as e:
+    raise UserError(f"{path}: cannot read {key} ({e})") from None
+  except OSError as e:
+    raise UserError(f"{path}: cannot read {key}: {e}") from None
+  if not isinstance(value, np.ndarray):
+    raise UserError(f"{path}: member {key!r} is not a .npy array")
+  return value
+
+
+def _from_confidences(path: Path, confidences: np.ndarray,
+                      correct: np.ndarray) -> LoadedPredictions:
+  conf = _numeric(path, confidences, "confidences")
+  if conf.ndim != 1:
+    raise UserError(f"{path}: confidences must be 1-D [n], got shape {conf.shape}")
+  if conf.size == 0:
+    raise UserError(f"{path}: confidences is empty")
+  correct = _as_bool(path, correct, "correct")
+  if correct.ndim != 1:
+    raise UserError(f"{path}: correct must be 1-D [n], got shape {correct.shape}")
+  if correct.shape != conf.shape:
+    raise UserError(f"{path}: confidences has {conf.shape[0]} entries but correct has "
+                    f"{correct.shape[0]}")
+  conf = _check_confidences(path, conf, "confidences")
+  return LoadedPredictions(conf.astype(np.float32), correct,
+                           f"{path.name} (npz: confidences, correct)")
 
 
 def _load_npy(path: Path, labels_path, scores: str) -> LoadedPredictions:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -53,6 +54,7 @@ class Settings:
   aurc_convention: str = "step"
   normalize: str = "retained"
   aumcc_axis: str = "coverage"
+  min_coverage: float = 0.8
 
   def to_json(self) -> dict[str, Any]:
     return {
@@ -60,7 +62,10 @@ class Settings:
         "ece": {"num_bins": self.num_bins, "binning": self.binning, "norm": self.ece_norm},
         "aurc_convention": self.aurc_convention,
         "cwsa_normalize": self.normalize,
-        "aumcc": {"axis": self.aumcc_axis, "rule": "trapezoid", "normalized": False},
+        "aumcc": {"axis": self.aumcc_axis, "rule": "trapezoid", "normalized": False,
+                  "caveat": aumcc_caveat(self.aumcc_axis)},
+        "threshold_selection": {"metric": DEFAULT_SELECTION["metric"],
+                                "min_coverage": self.min_coverage},
     }
 
   def describe(self) -> list[tuple[str, str]]:
@@ -80,8 +85,30 @@ class Settings:
         ("ECE", f"{self.num_bins} {'equal-width' if self.binning == 'width' else 'equal-mass'} "
                 f"bins, norm {self.ece_norm} (top-label; the last bin includes 1.0)"),
         ("AURC / AUGRC / E-AURC", f"convention {self.aurc_convention!r}"),
-        ("AUMCC", f"trapezoid over the {self.aumcc_axis} axis of the threshold grid, not normalised"),
+        ("AUMCC", f"trapezoid over the {self.aumcc_axis} axis of the threshold grid, not normalised "
+                  f"(see {AUMCC_MARK} beside the values)"),
+        ("deployment threshold", f"largest CWSA on the grid with coverage ≥ {self.min_coverage:g} "
+                                 "(`--min-coverage`)"),
     ]
+
+
+def check_min_coverage(value: float) -> float:
+  """``--min-coverage`` must be a fraction in [0, 1].
+
+  Raises:
+    UserError: outside [0, 1] or NaN.
+  """
+  if not (0.0 <= value <= 1.0):  # also rejects NaN
+    raise UserError(f"--min-coverage must lie in [0, 1], got {value:g}")
+  return float(value)
+
+
+def add_min_coverage_flag(parser: Any) -> None:
+  """``--min-coverage``: the coverage the reported deployment threshold must keep."""
+  default = DEFAULT_SELECTION["min_coverage"]
+  parser.add_argument("--min-coverage", type=float, default=default, metavar="FRACTION",
+                      help="the deployment threshold stated in the report is the one with the "
+                      f"largest CWSA among those keeping at least this coverage (default {default:g})")
 
 
 def parse_thresholds(spec: str) -> np.ndarray:
@@ -159,7 +186,8 @@ def compute_metrics(confidences: Any, correct: Any, settings: Settings) -> dict[
   return out
 
 
-# The deployment threshold stated in the reports: best CWSA with at least 80 % coverage.
+# The deployment threshold stated in the reports: best CWSA with at least 80 % coverage by
+# default (``Settings.min_coverage``, the commands' ``--min-coverage``).
 DEFAULT_SELECTION = {"metric": "cwsa", "min_coverage": 0.8}
 GROUP_TAUS = (0.5, 0.9)
 MAX_GROUP_ROWS = 30
@@ -199,16 +227,15 @@ def class_groups(labels: Any) -> tuple[np.ndarray, tuple[str, ...]]:
 
 
 def choose_threshold(confidences: Any, correct: Any, settings: Settings) -> dict[str, Any]:
-  """:func:`select_threshold` on the report's grid with :data:`DEFAULT_SELECTION`.
+  """:func:`select_threshold` on the report's grid: best CWSA with coverage >= ``settings.min_coverage``.
 
   Returns a JSON-ready dict with ``feasible``; when the constraint cannot be
   met, ``reason`` holds the library's message instead of a threshold.
   """
-  out: dict[str, Any] = dict(DEFAULT_SELECTION)
+  out: dict[str, Any] = dict(DEFAULT_SELECTION, min_coverage=settings.min_coverage)
   try:
     choice = select_threshold(np.asarray(confidences, np.float32), np.asarray(correct, bool),
-                              thresholds=np.asarray(settings.thresholds, np.float32),
-                              **DEFAULT_SELECTION)
+                              thresholds=np.asarray(settings.thresholds, np.float32), **out)
   except ValueError as e:
     out.update(feasible=False, reason=str(e))
     return out
@@ -220,7 +247,7 @@ def choice_sentence(choice: Mapping[str, Any]) -> str:
   """One Markdown sentence stating the selected threshold (or why there is none)."""
   constraint = (f"maximising {plots.METRIC_LABELS.get(choice['metric'], choice['metric'])} "
                 f"(divided by |S|) over the threshold grid subject to coverage ≥ "
-                f"{choice['min_coverage']:g}")
+                f"{choice['min_coverage']:g} (`--min-coverage`)")
   if not choice["feasible"]:
     return f"**Deployment threshold**: none — {constraint} is infeasible: {choice['reason']}."
   return (f"**Deployment threshold** ({constraint}, `select_threshold`): τ = "
@@ -295,21 +322,43 @@ def _pair(values: Any) -> dict[str, np.ndarray]:
 # --------------------------------------------------------------------------
 
 
-def fmt(x: Any, digits: int = 4) -> str:
-  """A number with ``digits`` decimals; NaN / None as an em dash."""
+def _decimals(v: float, digits: int, significant: int) -> int:
+  """Decimals that show ``v`` with at least ``digits`` decimals and ``significant`` digits."""
+  if v == 0:
+    return digits
+  return max(digits, significant - 1 - math.floor(math.log10(abs(v))))
+
+
+def fmt(x: Any, digits: int = 4, *, significant: int = 3) -> str:
+  """A number with ``digits`` decimals, more where needed to keep ``significant`` digits.
+
+  0.9647 stays ``0.9647``, 0.000813 is ``0.000813`` (not ``0.0008``), exactly
+  0 is ``0``; below 1e-8 in magnitude, scientific notation. NaN / None: an em dash.
+  """
   if x is None:
     return "—"
   v = float(x)
   if not math.isfinite(v):
     return "—"
-  return f"{v:.{digits}f}"
+  if v == 0:
+    return "0"
+  decimals = _decimals(v, digits, significant)
+  if decimals > 8:
+    return f"{v:.{significant - 1}e}"
+  return f"{v:.{decimals}f}"
 
 
-def fmt_pm(mean: Any, std: Any, digits: int = 4) -> str:
-  """``mean ± std``."""
+def fmt_pm(mean: Any, std: Any, digits: int = 4, *, significant: int = 3) -> str:
+  """``mean ± std``, both with the decimals :func:`fmt` gives the mean."""
   if mean is None or not math.isfinite(float(mean)):
     return "—"
-  return f"{float(mean):.{digits}f} ± {float(std):.{digits}f}"
+  m, s = float(mean), float(std)
+  if m == 0 and s == 0:
+    return "0 ± 0"
+  decimals = _decimals(m if m != 0 else s, digits, significant)
+  if decimals > 8:
+    return f"{m:.{significant - 1}e} ± {s:.1e}"
+  return f"{m:.{decimals}f} ± {s:.{decimals}f}"
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]],
@@ -347,13 +396,19 @@ def selected_rows(thresholds: np.ndarray, max_rows: int = 12) -> list[int]:
 
 
 def fresh_output_dir(base: str) -> Path:
-  """``base`` if it does not exist, else ``base-2``, ``base-3``, ... (for default output dirs)."""
+  """``base`` if it does not exist, else ``base-2``, ``base-3``, ... (for default output dirs).
+
+  Stale temporaries of earlier runs in the folder are removed first, and an
+  earlier result a killed run had moved aside is put back (:func:`_output.clean_stale`).
+  """
+  from cwsa_jax import _output  # noqa: PLC0415
   path = Path(base)
-  if not path.exists():
+  _output.clean_stale(path.parent)
+  if not os.path.lexists(path):
     return path
   for i in range(2, 10_000):
     candidate = path.with_name(f"{path.name}-{i}")
-    if not candidate.exists():
+    if not os.path.lexists(candidate):
       return candidate
   raise UserError(f"too many earlier outputs named {base}-N; pass --out DIR")
 
@@ -378,12 +433,13 @@ def write_model_figures(out_dir: Path, confidences: Any, correct: Any, metrics: 
                                labels={"cwsa": cwsa_label}, marker=marker,
                                marker_label=None if marker is None else marker_text(choice))
   plots.save(fig, out_dir / "threshold_curves.png")
-  figures.append(("threshold_curves.png", "Selective accuracy, CWSA, CWSA+ and coverage vs. threshold."))
+  figures.append(("threshold_curves.png", "Selective accuracy, CWSA, CWSA+ and coverage vs. threshold "
+                  "(thresholds that retain nothing are shaded and left out of the lines)."))
   bins = calibration_bins(confidences, correct, num_bins=settings.num_bins, binning=settings.binning)
   fig = plots.reliability_diagram(bins, title=f"{name}: reliability diagram",
                                   ece=float(np.asarray(metrics["ece"])))
   plots.save(fig, out_dir / "reliability_diagram.png")
-  figures.append(("reliability_diagram.png", "Reliability diagram with the sample count per bin."))
+  figures.append(("reliability_diagram.png", reliability_caption(settings)))
   curve = risk_coverage_curve(confidences, correct)
   label = (f"{name} (AURC {fmt(np.asarray(metrics['aurc']))}, "
            f"AUGRC {fmt(np.asarray(metrics['augrc']))})")
@@ -392,6 +448,15 @@ def write_model_figures(out_dir: Path, confidences: Any, correct: Any, metrics: 
   plots.save(fig, out_dir / "risk_coverage.png")
   figures.append(("risk_coverage.png", "Selective risk and generalized risk vs. coverage."))
   return figures
+
+
+def reliability_caption(settings: Settings) -> str:
+  """Caption of a reliability diagram: bins, gap colours and the minimum count."""
+  kind = "equal-width" if settings.binning == "width" else "equal-mass"
+  return (f"Reliability diagram, {settings.num_bins} {kind} bins: accuracy per bin (blue) against "
+          "its mean confidence (black tick); red boxes: confidence above accuracy, orange "
+          f"hatching: accuracy above confidence; bins with fewer than {plots.RELIABILITY_MIN_COUNT} "
+          "samples in grey without a gap box. Below: the sample count per bin (log axis).")
 
 
 def marker_text(choice: Mapping[str, Any]) -> str:
@@ -444,9 +509,9 @@ def worst_section(worst: Mapping[str, Any]) -> list[str]:
   return lines
 
 
-CONVENTIONS_NOTE = """\
+CONVENTIONS_NOTE = f"""\
 - **CWSA** at threshold τ averages φ(c) = (c − τ)/(1 − τ) times +1 (correct) or −1 (wrong) over
-  the retained set S = {c ≥ τ}, divided by |S| as the paper defines it (0 when S is empty).
+  the retained set S = {{c ≥ τ}}, divided by |S| as the paper defines it (0 when S is empty).
   The paper's published code divides by n instead, so its CWSA equals coverage × CWSA; use
   `--normalize all` to get that variant. CWSA+ rewards correct predictions only and divides by |S|
   in both.
@@ -459,27 +524,94 @@ CONVENTIONS_NOTE = """\
   of the same outcomes reaches under the same convention. AUGRC (Traub et al., 2024) uses
   errors accepted / n.
 - **AUMCC** is the trapezoid area under the metric-coverage curve of the threshold grid
-  (coverage on the x axis; not normalised; thresholds that retain nothing are left out).
+  (coverage on the x axis; not normalised; thresholds that retain nothing are left out), so it
+  compares models only when their coverage spans match: see the note beside each AUMCC value.
+- **Empty retained set**: CWSA and CWSA+ are 0 there by the paper's convention, which tables
+  show as "0 (S empty)" and figures leave out of the lines (shaded, or marked with an x at 0).
+- **Reliability diagrams** grey out bins with fewer than {plots.RELIABILITY_MIN_COUNT} samples (their
+  accuracy is too noisy to read) and draw no gap box for them; the lower panel prints every bin's
+  count.
 """
 
 
+AUMCC_MARK = "†"
+
+
+def aumcc_caveat(axis: str = "coverage") -> str:
+  """Why an AUMCC value alone does not rank models (stated wherever AUMCC is shown)."""
+  if axis == "threshold":
+    return ("AUMCC is the area under the metric-vs-threshold curve, not normalised: it depends "
+            "on the threshold range of the grid as well as on the metric, and thresholds that "
+            "retain nothing add no area; compare it only between models on the same grid that "
+            "retain something at the same thresholds.")
+  return ("AUMCC is the area under the metric-vs-coverage curve of the threshold grid, not "
+          "normalised: it scales with the coverage span the grid sweeps as well as with the "
+          "metric, so a model whose confidences mostly exceed the top threshold (or sit below "
+          "the lowest) sweeps little coverage and scores low however good it is (0 if its "
+          "coverage never changes); compare it only between models with similar coverage spans, "
+          "or divide by the span for a mean metric value.")
+
+
+def coverage_span(coverage: Any) -> tuple[np.ndarray, np.ndarray]:
+  """Highest and lowest non-zero coverage of a sweep ([..., T]): the range AUMCC integrates over.
+
+  NaN where no threshold retains anything.
+  """
+  cov = np.asarray(coverage, np.float64)
+  nonzero = cov > 0
+  high = np.where(nonzero.any(axis=-1), np.where(nonzero, cov, -np.inf).max(axis=-1), np.nan)
+  low = np.where(nonzero.any(axis=-1), np.where(nonzero, cov, np.inf).min(axis=-1), np.nan)
+  return high, low
+
+
+def aumcc_note(metrics: Mapping[str, Any], settings: Settings) -> str:
+  """The AUMCC caveat for one model, with its coverage span and span-normalised values."""
+  text = f"{AUMCC_MARK} {aumcc_caveat(settings.aumcc_axis)}"
+  if settings.aumcc_axis != "coverage":
+    return text
+  high, low = (float(x) for x in coverage_span(metrics["sweep"]["coverage"]))
+  if not math.isfinite(high):
+    return text + " Here no threshold retains anything."
+  span = high - low
+  text += f" Here the grid sweeps coverage {fmt(high)} down to {fmt(low)} (span {fmt(span)})"
+  if span <= 0:
+    return text + "."
+  means = ", ".join(f"{plots.METRIC_LABELS[m]} {fmt(float(np.asarray(metrics['aumcc'][m])) / span)}"
+                    for m in AUMCC_METRICS)
+  return text + f"; AUMCC ÷ span: {means}."
+
+
 def scalar_rows(metrics: Mapping[str, Any]) -> list[tuple[str, str]]:
-  """(metric, value) rows for one model."""
+  """(metric, value) rows for one model; AUMCC rows carry :data:`AUMCC_MARK` (see :func:`aumcc_note`)."""
   rows = [("samples (n)", str(metrics["n"]))]
   rows += [(plots.METRIC_LABELS.get(k, k), fmt(np.asarray(metrics[k]))) for k in SCALAR_FIELDS]
   for m in AUMCC_METRICS:
-    rows.append((f"AUMCC ({plots.METRIC_LABELS[m]})", fmt(np.asarray(metrics["aumcc"][m]))))
+    rows.append((f"AUMCC ({plots.METRIC_LABELS[m]}) {AUMCC_MARK}",
+                 fmt(np.asarray(metrics["aumcc"][m]))))
   for extra in ("brier", "nll"):
     if extra in metrics:
       rows.append(({"brier": "Brier score", "nll": "NLL"}[extra], fmt(np.asarray(metrics[extra]))))
   return rows
 
 
+EMPTY_CELL = "0 (S empty)"
+
+
+def fmt_convention(value: Any, coverage: Any, std: Any = None) -> str:
+  """CWSA / CWSA+ cell: :data:`EMPTY_CELL` where nothing is retained (coverage 0), else the value."""
+  if float(coverage) == 0:
+    return EMPTY_CELL
+  return fmt(value) if std is None else fmt_pm(value, std)
+
+
 def sweep_rows(sweep_fields: Mapping[str, Any], indices: Sequence[int] | None = None) -> list[list[str]]:
+  """Table rows (τ, coverage, selective accuracy, CWSA, CWSA+); CWSA at an empty S is marked."""
   t = np.asarray(sweep_fields["thresholds"])
   indices = range(t.size) if indices is None else indices
-  return [[f"{t[i]:.4g}", fmt(sweep_fields["coverage"][i]), fmt(sweep_fields["selective_accuracy"][i]),
-           fmt(sweep_fields["cwsa"][i]), fmt(sweep_fields["cwsa_plus"][i])] for i in indices]
+  cov = sweep_fields["coverage"]
+  return [[f"{t[i]:.4g}", fmt(cov[i]), fmt(sweep_fields["selective_accuracy"][i]),
+           fmt_convention(sweep_fields["cwsa"][i], cov[i]),
+           fmt_convention(sweep_fields["cwsa_plus"][i], cov[i])] for i in indices]
 
 
 SWEEP_HEADERS = ("τ", "coverage", "sel. accuracy", "CWSA", "CWSA+")
@@ -497,6 +629,8 @@ def evaluation_report(*, title: str, source: str, metrics: Mapping[str, Any], se
       "## Summary",
       "",
       markdown_table(("metric", "value"), scalar_rows(metrics)),
+      "",
+      aumcc_note(metrics, settings),
       "",
       "## Threshold sweep",
       "",

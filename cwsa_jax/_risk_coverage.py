@@ -36,8 +36,21 @@ on CPU, where a float argsort is about 15x slower (see
 sample (about 3x the sort); the "published_code" convention needs a stable
 two-operand sort (about 10x).
 
-Inside a user's ``jax.jit`` / ``jax.vmap`` only shape and dtype checks run
-(confidences outside [0, 1] are then clipped into it, NaN counts as 0).
+Invalid values (scores outside [0, 1] or not finite, correctness other than
+0/1 or outside [0, 1], targets out of range) raise ``ValueError`` on concrete
+inputs and give NaN inside a user's ``jax.jit`` / ``jax.vmap`` (for the
+invalid row, or target; ``num_points`` -1). Scores must lie in [0, 1] while
+``_validation.SCORES_IN_UNIT_INTERVAL`` is True (the one switch to accept
+any finite real score).
+
+Gradients: every result here depends on the confidences only through their
+order, so it is piecewise constant in them and its gradient in c is 0,
+exact almost everywhere (``soft_cwsa`` gives a relaxed, informative one).
+``risk_coverage_curve``'s ``thresholds`` field is the confidence of each
+point and moves with it (derivative 1, through a custom JVP). With graded
+correctness, AURC, AUGRC, the
+curve's risks and ``risk_at_coverage`` are linear in kappa and autodiff
+returns that derivative exactly.
 """
 
 from __future__ import annotations
@@ -98,25 +111,16 @@ def _check_convention(convention: str) -> None:
 
 
 def _prepare(confidences: Any, correct: Any, *, binary: bool = False):
-  """Validates ``confidences`` and ``correct`` [..., n]; returns float32 and bool or float32."""
-  c = _validation.as_float_array(confidences, "confidences")
-  if c.ndim == 0:
-    raise ValueError("confidences must have a samples axis [..., n], got a scalar")
-  if c.shape[-1] == 0:
-    raise ValueError("confidences is empty: at least one sample is needed")
-  k = _validation.as_correct(correct, "correct", graded=not binary)
-  _validation.check_same_leading_shape(c, k, "confidences", "correct")
-  _validation.check_finite_in_unit_interval(c, "confidences")
+  """Checked float32 scores and bool (or float32 graded) correctness [..., n], and the row flag."""
+  c, k, invalid = _validation.samples(confidences, correct, scores=True, graded=not binary)
   if k.dtype != jnp.bool_:
     if _validation.is_concrete(k):
       v = np.asarray(k)
       if np.all((v == 0.0) | (v == 1.0)):
         k = jnp.asarray(v == 1.0)  # binary floats take the fast packed-sort path
     elif binary:
-      raise ValueError(
-          "correct must be boolean (or integer 0/1) here: inside jit/vmap a floating "
-          f"array cannot be checked to be binary, got dtype {k.dtype}")
-  return c.astype(jnp.float32), k
+      k = k == 1.0  # checked to be 0/1 (flagged otherwise)
+  return c, k, invalid
 
 
 def _batched(fn, ndim: int, num_shared: int = 0):
@@ -311,9 +315,9 @@ def aurc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Arr
     Geifman & El-Yaniv, "Selective classification for deep neural networks", 2017.
   """
   _check_convention(convention)
-  c, k = _prepare(confidences, correct)
+  c, k, invalid = _prepare(confidences, correct)
   fn = functools.partial(_aurc_impl, convention=convention)
-  return _batched(fn, c.ndim)(c, k)[0]
+  return _validation.poison(_batched(fn, c.ndim)(c, k)[0], rows=invalid)
 
 
 def augrc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Array:
@@ -355,9 +359,9 @@ def augrc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Ar
     classification systems", NeurIPS 2024.
   """
   _check_convention(convention)
-  c, k = _prepare(confidences, correct)
+  c, k, invalid = _prepare(confidences, correct)
   fn = functools.partial(_aurc_impl, convention=convention)
-  return _batched(fn, c.ndim)(c, k)[1]
+  return _validation.poison(_batched(fn, c.ndim)(c, k)[1], rows=invalid)
 
 
 def eaurc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Array:
@@ -383,7 +387,7 @@ def eaurc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Ar
   Args:
     confidences: [..., n] scores in [0, 1].
     correct: [..., n] boolean or 0/1 correctness (graded values are rejected: the
-      optimum above assumes binary losses). Inside jit/vmap pass a boolean array.
+      optimum above assumes binary losses; inside jit/vmap they give NaN).
     convention: ``"step"`` (default), ``"trapezoid"`` or ``"published_code"``.
 
   Returns:
@@ -395,9 +399,9 @@ def eaurc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Ar
     0.1667
   """
   _check_convention(convention)
-  c, k = _prepare(confidences, correct, binary=True)
+  c, k, invalid = _prepare(confidences, correct, binary=True)
   fn = functools.partial(_summary_impl, convention=convention)
-  return _batched(fn, c.ndim)(c, k).eaurc
+  return _validation.poison(_batched(fn, c.ndim)(c, k).eaurc, rows=invalid)
 
 
 def risk_coverage_summary(confidences: Any, correct: Any, *,
@@ -421,9 +425,9 @@ def risk_coverage_summary(confidences: Any, correct: Any, *,
     0.1111 0.1111 0.0
   """
   _check_convention(convention)
-  c, k = _prepare(confidences, correct)
+  c, k, invalid = _prepare(confidences, correct)
   fn = functools.partial(_summary_impl, convention=convention)
-  return _batched(fn, c.ndim)(c, k)
+  return _validation.poison(_batched(fn, c.ndim)(c, k), rows=invalid)
 
 
 @jax.jit
@@ -441,7 +445,37 @@ def _curve_impl(c, correct):
   group = _cumsum(s.is_end.astype(jnp.int32)) - 1
   target = jnp.where(s.is_end, group, n)  # n is out of range: dropped
   out = tuple(jnp.full((n,), v[-1]).at[target].set(v, mode="drop") for v in values)
-  return RiskCoverageCurve(*out, num_points=group[-1] + 1)
+  num_points = group[-1] + 1
+  thresholds = _group_confidences(out[0], c, num_points)
+  return RiskCoverageCurve(thresholds, *out[1:], num_points=num_points)
+
+
+@jax.custom_jvp
+def _group_confidences(thresholds, confidences, num_points):
+  """``thresholds`` (the padded tie-group confidences, rebuilt from integer keys) unchanged.
+
+  Its derivative: each point moves with its tie group's confidences (their mean
+  tangent; one sample per group almost everywhere), so d thresholds_j / d c_i
+  is 1 for the sample of group j, not the 0 the integer keys would give.
+  """
+  del confidences, num_points
+  return thresholds
+
+
+@_group_confidences.defjvp
+def _group_confidences_jvp(primals, tangents):
+  thresholds, confidences, num_points = primals
+  n = thresholds.shape[0]
+  # Group of each sample: the first point (descending, padding last) at or below its value.
+  key = lax.bitcast_convert_type(thresholds, jnp.int32)
+  group = jnp.searchsorted(-key, -_float_key(confidences), side="left")
+  group = jnp.minimum(group, num_points - 1)
+  d_confidences = tangents[1].astype(jnp.float32)
+  total = jax.ops.segment_sum(d_confidences, group, num_segments=n)
+  count = jax.ops.segment_sum(jnp.ones_like(d_confidences), group, num_segments=n)
+  mean = total / jnp.maximum(count, 1.0)
+  tangent = mean[jnp.minimum(jnp.arange(n), num_points - 1)]  # padding repeats the last point
+  return thresholds, tangent
 
 
 def risk_coverage_curve(confidences: Any, correct: Any) -> RiskCoverageCurve:
@@ -466,21 +500,14 @@ def risk_coverage_curve(confidences: Any, correct: Any) -> RiskCoverageCurve:
     >>> print(m, [round(float(x), 2) for x in curve.coverage[:m]], [round(float(x), 3) for x in curve.risk[:m]])
     3 [0.5, 0.75, 1.0] [0.5, 0.667, 0.5]
   """
-  c, k = _prepare(confidences, correct)
-  return _batched(_curve_impl, c.ndim)(c, k)
+  c, k, invalid = _prepare(confidences, correct)
+  return _validation.poison(_batched(_curve_impl, c.ndim)(c, k), rows=invalid)
 
 
-def _as_targets(x: Any, name: str, *, low_open: bool) -> jax.Array:
+def _as_targets(x: Any, name: str, *, low_open: bool):
+  """(float32 targets, elementwise flag or None)."""
   t = _validation.as_float_array(x, name).astype(jnp.float32)
-  if _validation.is_concrete(t):
-    v = np.asarray(t, dtype=np.float64)
-    if not np.all(np.isfinite(v)):
-      raise ValueError(f"{name} must be finite")
-    lo_ok = np.all(v > 0.0) if low_open else np.all(v >= 0.0)
-    if not lo_ok or np.any(v > 1.0):
-      interval = "(0, 1]" if low_open else "[0, 1]"
-      raise ValueError(f"{name} must lie in {interval}, got values in [{v.min():.6g}, {v.max():.6g}]")
-  return t
+  return t, _validation.check_range(t, name, low_open=low_open)
 
 
 @jax.jit
@@ -522,9 +549,10 @@ def risk_at_coverage(confidences: Any, correct: Any, coverage: Any) -> jax.Array
     >>> print([round(float(r), 4) for r in risk_at_coverage(c, ok, [0.5, 0.75, 1.0])])
     [0.0, 0.3333, 0.25]
   """
-  c, k = _prepare(confidences, correct)
-  t = _as_targets(coverage, "coverage", low_open=True)
-  return _batched(_risk_at_coverage_impl, c.ndim, 1)(c, k, t)
+  c, k, invalid = _prepare(confidences, correct)
+  t, target_flag = _as_targets(coverage, "coverage", low_open=True)
+  result = _batched(_risk_at_coverage_impl, c.ndim, 1)(c, k, t)
+  return _validation.poison(result, rows=invalid, items=target_flag)
 
 
 @jax.jit
@@ -567,6 +595,7 @@ def coverage_at_risk(confidences: Any, correct: Any, risk: Any) -> jax.Array:
     >>> print([round(float(x), 2) for x in coverage_at_risk(c, ok, [0.0, 0.25, 0.3])])
     [0.5, 1.0, 1.0]
   """
-  c, k = _prepare(confidences, correct)
-  t = _as_targets(risk, "risk", low_open=False)
-  return _batched(_coverage_at_risk_impl, c.ndim, 1)(c, k, t)
+  c, k, invalid = _prepare(confidences, correct)
+  t, target_flag = _as_targets(risk, "risk", low_open=False)
+  result = _batched(_coverage_at_risk_impl, c.ndim, 1)(c, k, t)
+  return _validation.poison(result, rows=invalid, items=target_flag)

@@ -6,11 +6,14 @@ samples. Pass probabilities, or logits with ``from_logits=True`` (then a
 numerically stable log-softmax / softmax is applied).
 
 Probabilities must be finite, lie in [0, 1] and sum to 1 along the class axis
-within ``sqrt(eps)`` of their dtype (3.5e-4 for float32, the tolerance
-scikit-learn uses). Logits must be finite. Labels must be integers in
-[0, K). These value checks run on concrete arrays; inside a user's
-``jax.jit`` / ``jax.vmap`` only shape checks run, and a sample whose label is
-out of range gives NaN.
+within ``_validation.PROBABILITY_TOLERANCE`` (1e-3, the package's one
+tolerance). Logits must be finite. Labels must be integers in [0, K). On
+concrete arrays a violation raises ``ValueError``; inside a user's
+``jax.jit`` / ``jax.vmap`` the result is NaN (for the invalid row).
+
+Gradients: both scores are smooth in the probabilities (or logits), and
+autodiff returns the exact gradient (NLL of a zero true-class probability:
+inf, with an infinite gradient).
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from cwsa_jax import _validation
 
 
 def _prepare(values: Any, labels: Any, *, from_logits: bool, name: str):
+  """(float32 values [..., n, K], int32 labels [..., n], row flag [...] or None)."""
   if not isinstance(from_logits, bool):
     raise ValueError(f"from_logits must be True or False, got {from_logits!r}")
   x = _validation.as_float_array(values, name)
@@ -34,29 +37,17 @@ def _prepare(values: Any, labels: Any, *, from_logits: bool, name: str):
   num_classes = x.shape[-1]
   if num_classes == 0 or x.shape[-2] == 0:
     raise ValueError(f"{name} is empty: shape {x.shape} has no samples or no classes")
-  y = _validation.as_labels(labels, "labels", num_classes=num_classes)
+  y, label_flag = _validation.labels(labels, num_classes)
   if y.shape != x.shape[:-1]:
     raise ValueError(
         f"labels must have shape {x.shape[:-1]} (the shape of {name} without the class axis), "
         f"got {y.shape}")
-  if _validation.is_concrete(x):
-    v = np.asarray(x)
-    if not np.all(np.isfinite(v)):
-      raise ValueError(f"{name} contains {int(np.sum(~np.isfinite(v)))} NaN or infinite value(s)")
-    if not from_logits:
-      lo, hi = float(v.min()), float(v.max())
-      if lo < 0.0 or hi > 1.0:
-        raise ValueError(
-            f"{name} must be probabilities in [0, 1], got values in [{lo:.6g}, {hi:.6g}] "
-            "(pass from_logits=True for logits)")
-      tolerance = float(np.sqrt(np.finfo(v.dtype).eps))
-      totals = v.astype(np.float64).sum(-1)
-      worst = float(totals.flat[np.argmax(np.abs(totals - 1.0))])
-      if abs(worst - 1.0) > tolerance:
-        raise ValueError(
-            f"{name} must sum to 1 over the class axis (tolerance {tolerance:.2g}), found a row "
-            f"summing to {worst:.6g} (pass from_logits=True for logits)")
-  return x.astype(jnp.float32), y.astype(jnp.int32)
+  if from_logits:
+    value_flag = _validation.check_finite_in_unit_interval(x, name, reduce_axes=1, unit=False)
+  else:
+    value_flag = _validation.check_probabilities(x, name)
+  flag = _validation.either(value_flag, label_flag)  # per sample [..., n]
+  return x.astype(jnp.float32), y, None if flag is None else jnp.any(flag, axis=-1)
 
 
 @functools.partial(jax.jit, static_argnames=("from_logits",))
@@ -64,9 +55,7 @@ def _brier_impl(x, y, *, from_logits):
   probs = jax.nn.softmax(x, axis=-1) if from_logits else x
   num_classes = x.shape[-1]
   one_hot = jax.nn.one_hot(y, num_classes, dtype=jnp.float32)
-  per_sample = jnp.sum(jnp.square(probs - one_hot), axis=-1)
-  valid = (y >= 0) & (y < num_classes)
-  return jnp.mean(jnp.where(valid, per_sample, jnp.nan), axis=-1)
+  return jnp.mean(jnp.sum(jnp.square(probs - one_hot), axis=-1), axis=-1)
 
 
 @functools.partial(jax.jit, static_argnames=("from_logits",))
@@ -78,8 +67,7 @@ def _nll_impl(x, y, *, from_logits):
     per_sample = -jnp.take_along_axis(log_probs, safe, axis=-1)[..., 0]
   else:
     per_sample = -jnp.log(jnp.take_along_axis(x, safe, axis=-1)[..., 0])
-  valid = (y >= 0) & (y < num_classes)
-  return jnp.mean(jnp.where(valid, per_sample, jnp.nan), axis=-1)
+  return jnp.mean(per_sample, axis=-1)
 
 
 def brier_score(probs: Any, labels: Any, *, from_logits: bool = False) -> jax.Array:
@@ -108,8 +96,8 @@ def brier_score(probs: Any, labels: Any, *, from_logits: bool = False) -> jax.Ar
     >>> print(round(float(brier_score(p, [0, 1, 1, 0])), 4))
     0.075
   """
-  x, y = _prepare(probs, labels, from_logits=from_logits, name="probs")
-  return _brier_impl(x, y, from_logits=from_logits)
+  x, y, invalid = _prepare(probs, labels, from_logits=from_logits, name="probs")
+  return _validation.poison(_brier_impl(x, y, from_logits=from_logits), rows=invalid)
 
 
 def nll(probs_or_logits: Any, labels: Any, *, from_logits: bool = False) -> jax.Array:
@@ -138,5 +126,6 @@ def nll(probs_or_logits: Any, labels: Any, *, from_logits: bool = False) -> jax.
     >>> print(round(float(nll(p, [1, 0, 0, 1])), 5))
     0.21616
   """
-  x, y = _prepare(probs_or_logits, labels, from_logits=from_logits, name="probs_or_logits")
-  return _nll_impl(x, y, from_logits=from_logits)
+  x, y, invalid = _prepare(probs_or_logits, labels, from_logits=from_logits,
+                           name="probs_or_logits")
+  return _validation.poison(_nll_impl(x, y, from_logits=from_logits), rows=invalid)

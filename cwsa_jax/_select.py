@@ -76,6 +76,8 @@ def select_threshold(confidences, correct, *, metric: str = "cwsa", min_coverage
     ValueError: when no threshold satisfies the constraints (the message gives
       the best coverage and risk the grid reaches), on an unknown metric,
       constraints outside [0, 1], or invalid inputs as in ``sweep``.
+    TypeError: on traced inputs (inside ``jit``, ``vmap`` or ``grad``): the
+      selection is a host-side argmax, neither traceable nor differentiable.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -90,6 +92,9 @@ def select_threshold(confidences, correct, *, metric: str = "cwsa", min_coverage
   """
   if metric not in METRICS:
     raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+  if not _validation.is_concrete(confidences, correct, thresholds, min_coverage, max_risk):
+    raise TypeError("select_threshold runs on the host and returns Python floats: call it on "
+                    "concrete arrays, outside jit/vmap/grad (inside them, use sweep())")
   min_coverage = _check_fraction(min_coverage, "min_coverage")
   max_risk = _check_fraction(max_risk, "max_risk")
   confidences = _validation.as_float_array(confidences, "confidences")

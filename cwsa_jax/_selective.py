@@ -14,6 +14,27 @@ correctness kappa_i (bool, or graded in [0, 1]) and a threshold tau in [0, 1):
 
 Samples exactly at tau are retained with weight phi = 0. When S is empty,
 CWSA = CWSA+ = 0 (the paper's convention) and selective accuracy is NaN.
+
+Invalid values (NaN, inf or out-of-range confidences, correctness other than
+0/1 or outside [0, 1], tau outside [0, 1)) raise ``ValueError`` on concrete
+inputs and give NaN inside a user's ``jit`` / ``vmap`` (see ``_validation``).
+
+Gradients. The retained set is locally constant in c and tau, and phi is
+linear in c, so CWSA and CWSA+ are differentiable almost everywhere, with
+
+.. math::
+
+  \\frac{\\partial\\,\\mathrm{CWSA}}{\\partial c_i} =
+    \\frac{2\\kappa_i - 1}{(1 - \\tau)\\,|S|}, \\qquad
+  \\frac{\\partial\\,\\mathrm{CWSA}^+}{\\partial c_i} = \\frac{\\kappa_i}{(1 - \\tau)\\,|S|}
+  \\quad (i \\in S; \\text{ else } 0), \\qquad
+  \\frac{\\partial \\phi_i}{\\partial \\tau} = \\frac{c_i - 1}{(1 - \\tau)^2}
+
+(``normalize="all"``: n instead of |S|), and linear in graded kappa. These
+derivatives are exact (``_stats.exact_sums``: a custom JVP beside the exact
+integer sums). Coverage and selective accuracy are piecewise constant in c:
+their zero gradient in c is exact almost everywhere (use ``soft_cwsa`` for a
+relaxed, informative one); selective accuracy is linear in graded kappa.
 """
 
 from __future__ import annotations
@@ -27,10 +48,8 @@ from cwsa_jax import _stats
 from cwsa_jax import _validation
 
 
-@jax.jit
-def _metrics_1d(confidences, correct, tau):
-  n = confidences.shape[0]
-
+def _retained_exact(confidences, correct, tau):
+  """Exact :class:`~cwsa_jax._stats.Sums` [1] of the retained set {c >= tau}."""
   graded = correct.dtype != jnp.bool_
 
   def columns_fn(c, kappa):
@@ -38,22 +57,34 @@ def _metrics_1d(confidences, correct, tau):
 
   per_bucket = _stats.segments_per_bucket(graded)
   hi, lo = _exact.segment_sums(columns_fn, [confidences, correct], 2 * per_bucket)
-  # Segments of the retained bucket (1), as [per_bucket * K].
-  values = _exact.to_float(hi[per_bucket:].reshape(-1), lo[per_bucket:].reshape(-1))
-  sums = _stats.sums_from_columns(values, graded)
+  # Segments of the retained bucket (1), as [1, per_bucket * K].
+  values = _exact.to_float(hi[per_bucket:].reshape(1, -1), lo[per_bucket:].reshape(1, -1))
+  return _stats.sums_from_columns(values, graded)
+
+
+def _retained_segments(confidences, correct, tau):
+  del correct
+  return (confidences >= tau).astype(jnp.int32), (2,), 1
+
+
+@jax.jit
+def _metrics_1d(confidences, correct, tau):
+  n = confidences.shape[0]
+  # Exact sums; their derivative in c (and kappa) is the float sum over S (see _stats).
+  sums = _stats.exact_sums(_retained_exact, _retained_segments, confidences, correct, tau)
   metrics = _stats.metrics_from_sums(sums, tau, n)
-  bad = _stats.invalid_inputs(confidences, correct) | ~((tau >= 0) & (tau < 1))
-  return _stats.Metrics(*[jnp.where(bad, jnp.nan, m) for m in metrics])
+  return _stats.Metrics(*(m[0] for m in metrics))
 
 
 def _metrics(confidences, correct, tau, normalize: str = "retained") -> _stats.Metrics:
   _stats.check_normalize(normalize)
-  confidences, correct, tau = _validation.prepare_at_threshold(
+  confidences, correct, tau, rows, tau_flag = _validation.prepare_at_threshold(
       confidences, correct, tau, hint="; use sweep() for many thresholds")
   fn = _metrics_1d
   for _ in range(confidences.ndim - 1):
     fn = jax.vmap(fn, in_axes=(0, 0, None))
-  return _stats.renormalize(fn(confidences, correct, tau), normalize)
+  metrics = _stats.renormalize(fn(confidences, correct, tau), normalize)
+  return _validation.poison(metrics, rows=rows, items=tau_flag)
 
 
 def cwsa(confidences, correct, tau, *, normalize: str = "retained") -> jax.Array:
@@ -72,7 +103,7 @@ def cwsa(confidences, correct, tau, *, normalize: str = "retained") -> jax.Array
     confidences: [..., n] confidences in [0, 1] (e.g. max softmax probability).
     correct: [..., n] bool or 0/1, or graded correctness kappa in [0, 1].
     tau: scalar threshold in [0, 1).
-    normalize: ``"retained"`` (default) divides by |S| as the paper defines;
+    normalize: ``"retained"`` (default) divides by ``|S|`` as the paper defines;
       ``"all"`` divides by n, reproducing the paper's published code (its
       reported CWSA equals coverage x CWSA).
 
@@ -110,7 +141,7 @@ def cwsa_plus(confidences, correct, tau) -> jax.Array:
 
 
 def coverage(confidences, tau) -> jax.Array:
-  """Fraction of samples retained at ``tau``: |{i : c_i >= tau}| / n.
+  """Fraction of samples retained at ``tau``: ``|{i : c_i >= tau}| / n``.
 
   Examples:
     >>> import jax.numpy as jnp

@@ -35,11 +35,17 @@ i.e. g_i / sum g in log space. This is the stable form of the safe division:
 the naive ratio needs the double-``where`` trick when every gate underflows
 (nothing retained, tiny T), and even then gives inf gradients while sum g is
 subnormal; the log-space form has no division by sum g at all. The only
-divisions left are by T and by 1 - tau, both guarded with the
-double-``where`` trick against a traced T <= 0 or tau >= 1 (which then give
-0, with a zero gradient, instead of NaN). No value is NaN or infinite, nor is
+divisions left are by T and by 1 - tau. No value is NaN or infinite, nor is
 any gradient, for confidences exactly at tau or at 1, nothing retained, and
 temperatures from 1e-6 to 1e6.
+
+**Invalid values.** Concrete NaN/inf or out-of-range confidences or
+correctness, tau outside [0, 1) or a temperature that is not finite and > 0
+raise ``ValueError``; inside a user's ``jit`` / ``vmap`` they give NaN (and
+NaN gradients), never a plausible number.
+
+**Gradients** are those of the relaxation itself, exact (autodiff of the
+formula above): "relaxed" gradients of the hard metric.
 """
 
 from __future__ import annotations
@@ -62,31 +68,25 @@ DEFAULT_BAND_THRESHOLDS = 9
 def _kernel(confidences: jax.Array, correct: jax.Array, tau: jax.Array,
             temperature: jax.Array, plus: bool, normalize: str) -> jax.Array:
   """Soft CWSA (or CWSA+) of 1-D [n] inputs at one scalar threshold."""
-  # Double-where: divide only by safe denominators, then select, so that an
-  # invalid traced T or tau gives 0 with a zero (not NaN) gradient.
-  valid = (temperature > 0) & (tau < 1)
-  safe_temperature = jnp.where(valid, temperature, 1.0)
-  safe_one_minus_tau = jnp.where(valid, 1.0 - tau, 1.0)
-  z = (confidences - tau) / safe_temperature
-  weight = jax.nn.relu(confidences - tau) / safe_one_minus_tau  # phi clipped at 0
+  # Invalid T or tau (possible only when traced) are handled by the caller,
+  # which makes the result NaN (``_validation.poison``).
+  z = (confidences - tau) / temperature
+  weight = jax.nn.relu(confidences - tau) / (1.0 - tau)  # phi clipped at 0
   score = correct if plus else 2.0 * correct - 1.0
   if normalize == "retained":
     gates = jax.nn.softmax(jax.nn.log_sigmoid(z))  # g_i / sum_j g_j, stably
-    value = jnp.sum(gates * weight * score)
-  else:
-    value = jnp.mean(jax.nn.sigmoid(z) * weight * score)
-  return jnp.where(valid, value, 0.0)
+    return jnp.sum(gates * weight * score)
+  return jnp.mean(jax.nn.sigmoid(z) * weight * score)
+
+
+def _temperature(temperature: Any) -> tuple[jax.Array, jax.Array | None]:
+  """(scalar temperature, traced flag or None): finite and > 0."""
+  return _validation.temperature(temperature)
 
 
 def _check_temperature(temperature: Any) -> jax.Array:
-  temperature = _validation.as_float_array(temperature, "temperature")
-  if temperature.ndim != 0:
-    raise ValueError(f"temperature must be a scalar, got shape {temperature.shape}")
-  if _validation.is_concrete(temperature):
-    t = float(temperature)
-    if not (math.isfinite(t) and t > 0):
-      raise ValueError(f"temperature must be finite and > 0, got {t}")
-  return temperature
+  """The validated scalar temperature: concrete values checked, traced invalid ones made NaN."""
+  return _validation.nan_if_invalid(*_temperature(temperature))
 
 
 def _check_normalize(normalize: str) -> None:
@@ -94,18 +94,24 @@ def _check_normalize(normalize: str) -> None:
     raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
 
 
-def _prepare(confidences: Any, correct: Any) -> tuple[jax.Array, jax.Array]:
-  confidences = _validation.as_float_array(confidences, "confidences")
-  correct = _validation.as_correct(correct)
-  _validation.check_samples(confidences, correct)
-  dtype = jnp.promote_types(confidences.dtype, jnp.float32)
-  return confidences.astype(dtype), correct.astype(dtype)
+def _prepare(confidences: Any, correct: Any) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+  """(confidences, kappa, row flag or None) in a common float dtype (at least float32)."""
+  c = _validation.as_float_array(confidences, "confidences")
+  k = _validation.correct_array(correct)
+  invalid = _validation.check_samples(c, k)
+  dtype = jnp.promote_types(c.dtype, jnp.float32)
+  return c.astype(dtype), k.astype(dtype), invalid
+
+
+def _tau(tau: Any, name: str = "tau") -> tuple[jax.Array, jax.Array | None]:
+  """(threshold array, elementwise flag or None): in [0, 1)."""
+  tau = _validation.as_float_array(tau, name)
+  return tau, _validation.check_threshold(tau, name)
 
 
 def _prepare_tau(tau: Any, name: str = "tau") -> jax.Array:
-  tau = _validation.as_float_array(tau, name)
-  _validation.check_threshold(tau, name)
-  return tau
+  """The validated threshold: concrete values checked, traced invalid ones made NaN."""
+  return _validation.nan_if_invalid(*_tau(tau, name))
 
 
 def _batched(fn, batch_ndim: int):
@@ -158,7 +164,7 @@ def soft_cwsa(confidences: Any, correct: Any, tau: Any = 0.5, *, temperature: An
     tau: scalar threshold in [0, 1).
     temperature: scalar T > 0, in units of confidence. Small T (1e-4) tracks
       the hard metric; T ~ 0.01-0.1 gives useful gradients in training.
-    normalize: ``"retained"`` (default, divide by the soft |S| = sum g, the
+    normalize: ``"retained"`` (default, divide by the soft ``|S| = sum g``, the
       paper's definition) or ``"all"`` (divide by n, as the paper's published
       code does).
 
@@ -168,8 +174,8 @@ def soft_cwsa(confidences: Any, correct: Any, tau: Any = 0.5, *, temperature: An
   Raises:
     ValueError: on concrete inputs with NaN/inf or values outside [0, 1],
       tau outside [0, 1), temperature <= 0, mismatched shapes, no samples or an
-      unknown ``normalize``. Inside a user's ``jit`` only the shape checks run;
-      a traced temperature <= 0 or tau >= 1 then gives 0 (not NaN).
+      unknown ``normalize``. Inside a user's ``jit`` / ``vmap`` such values
+      give NaN instead (a traced temperature <= 0 or tau >= 1 included).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -182,10 +188,11 @@ def soft_cwsa(confidences: Any, correct: Any, tau: Any = 0.5, *, temperature: An
     0.422
   """
   _check_normalize(normalize)
-  confidences, correct = _prepare(confidences, correct)
-  tau = _prepare_tau(tau)
-  temperature = _check_temperature(temperature)
-  return _soft_metric(confidences, correct, tau, temperature, plus=False, normalize=normalize)
+  confidences, correct, rows = _prepare(confidences, correct)
+  tau, tau_flag = _tau(tau)
+  temperature, t_flag = _temperature(temperature)
+  value = _soft_metric(confidences, correct, tau, temperature, plus=False, normalize=normalize)
+  return _validation.poison(value, rows=rows, items=_validation.either(tau_flag, t_flag))
 
 
 def soft_cwsa_plus(confidences: Any, correct: Any, tau: Any = 0.5, *,
@@ -200,7 +207,7 @@ def soft_cwsa_plus(confidences: Any, correct: Any, tau: Any = 0.5, *,
     \\frac{1}{|S|}\\sum_{i \\in S} \\phi_i\\,\\kappa_i,
 
   with g_i and phi^+_i as in :func:`soft_cwsa` (CWSA+ always divides by the
-  soft |S|, as both the paper and its code do).
+  soft ``|S|``, as both the paper and its code do).
 
   Args:
     confidences: [..., n] confidences in [0, 1]; leading axes are batch axes.
@@ -222,10 +229,11 @@ def soft_cwsa_plus(confidences: Any, correct: Any, tau: Any = 0.5, *,
     >>> print(round(float(soft_cwsa_plus(c, ok, 0.5, temperature=1e-4)), 4))  # (0.8 + 0.6)/3
     0.4667
   """
-  confidences, correct = _prepare(confidences, correct)
-  tau = _prepare_tau(tau)
-  temperature = _check_temperature(temperature)
-  return _soft_metric(confidences, correct, tau, temperature, plus=True, normalize="retained")
+  confidences, correct, rows = _prepare(confidences, correct)
+  tau, tau_flag = _tau(tau)
+  temperature, t_flag = _temperature(temperature)
+  value = _soft_metric(confidences, correct, tau, temperature, plus=True, normalize="retained")
+  return _validation.poison(value, rows=rows, items=_validation.either(tau_flag, t_flag))
 
 
 @functools.partial(jax.jit, static_argnames=("plus", "normalize"))
@@ -278,14 +286,15 @@ def soft_cwsa_sweep(confidences: Any, correct: Any, thresholds: Any, *,
   _check_normalize(normalize)
   if plus and normalize != "retained":
     raise ValueError("normalize='all' applies to CWSA only; CWSA+ always divides by |S|")
-  confidences, correct = _prepare(confidences, correct)
+  confidences, correct, rows = _prepare(confidences, correct)
   thresholds = _validation.as_float_array(thresholds, "thresholds")
   if thresholds.ndim != 1:
     raise ValueError(f"thresholds must be 1-D [K], got shape {thresholds.shape}")
   _validation.check_nonempty(thresholds, "thresholds")
-  _validation.check_threshold(thresholds, "thresholds")
-  temperature = _check_temperature(temperature)
-  return _sweep(confidences, correct, thresholds, temperature, plus=plus, normalize=normalize)
+  tau_flag = _validation.check_threshold(thresholds, "thresholds")
+  temperature, t_flag = _temperature(temperature)
+  values = _sweep(confidences, correct, thresholds, temperature, plus=plus, normalize=normalize)
+  return _validation.poison(values, rows=rows, items=_validation.either(tau_flag, t_flag))
 
 
 def band_thresholds(band: tuple[float, float], num_thresholds: int) -> np.ndarray:
@@ -360,9 +369,10 @@ def soft_cwsa_band_area(confidences: Any, correct: Any, *,
   if plus and normalize != "retained":
     raise ValueError("normalize='all' applies to CWSA only; CWSA+ always divides by |S|")
   thresholds = jnp.asarray(band_thresholds(band, num_thresholds))
-  confidences, correct = _prepare(confidences, correct)
-  temperature = _check_temperature(temperature)
+  confidences, correct, rows = _prepare(confidences, correct)
+  temperature, t_flag = _temperature(temperature)
   values = _sweep(confidences, correct, thresholds, temperature, plus=plus, normalize=normalize)
+  values = _validation.poison(values, rows=rows, items=t_flag)
   # Trapezoid with equal spacing: h * (sum - (first + last)/2).
   low, high = float(band[0]), float(band[1])
   spacing = (high - low) / (num_thresholds - 1)

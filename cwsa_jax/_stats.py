@@ -26,12 +26,15 @@ exact (see ``_exact``).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import functools
+import math
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from cwsa_jax import _exact
+from cwsa_jax import _validation
 
 U_DIGITS = 3  # 1 - c for float32 c is a multiple of 2^-24: three base-256 digits are exact.
 GRADED_DIGITS = 4  # graded kappa and u * kappa: truncated below 2^-32.
@@ -120,15 +123,77 @@ def metrics_from_sums(sums: Sums, tau: jax.Array, n) -> Metrics:
 
 
 def invalid_inputs(confidences: jax.Array, correct: jax.Array) -> jax.Array:
-  """Scalar bool: some confidence or graded correctness is NaN or outside [0, 1].
+  """Scalar bool of 1-D samples: some confidence or correctness is invalid.
 
-  Used inside traced code, where ``ValueError`` cannot be raised: the metrics
-  then return NaN instead of a silently wrong number.
+  For kernels that receive already converted samples (streaming states, the
+  bootstrap); the public functions get their flags from ``_validation``.
   """
-  bad = jnp.any(~((confidences >= 0) & (confidences <= 1)))
-  if correct.dtype != jnp.bool_:
-    bad = bad | jnp.any(~((correct >= 0) & (correct <= 1)))
-  return bad
+  return (jnp.any(_validation.bad_unit(confidences))
+          | jnp.any(_validation.bad_correct(correct)))
+
+
+# ------------------------------------------------------------------ derivatives
+#
+# The retained-set sums are exact integers, so autodiff through them gives 0.
+# Yet they are differentiable almost everywhere: the retained sets are locally
+# constant in c (and in tau), and A, U, V are linear in kappa and c, so
+#
+#   dA = sum_S dkappa_i,  dU = -sum_S dc_i,  dV = sum_S (-kappa_i dc_i + (1 - c_i) dkappa_i),
+#
+# while N, and the retained sets themselves, have derivative 0. ``exact_sums``
+# returns the exact sums as its primal and these float sums as its tangent;
+# everything computed from the sums (``metrics_from_sums``, including its
+# dependence on tau) is then differentiated by ordinary autodiff.
+
+
+def _sample_tangents(confidences, correct, d_confidences, d_correct) -> jax.Array:
+  """Per-sample tangents [n, 3] of (kappa, u, u kappa) with u = 1 - c."""
+  c = confidences.astype(jnp.float32)
+  dc = d_confidences.astype(jnp.float32)
+  du = -dc
+  if jnp.issubdtype(correct.dtype, jnp.floating):
+    kappa = correct.astype(jnp.float32)
+    dk = d_correct.astype(jnp.float32)
+    return jnp.stack([dk, du, du * kappa + (1.0 - c) * dk], axis=-1)
+  kappa = correct.astype(jnp.float32)
+  return jnp.stack([jnp.zeros_like(du), du, du * kappa], axis=-1)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def exact_sums(exact_fn: Callable, segments_fn: Callable, confidences: jax.Array,
+               correct: jax.Array, *extra: jax.Array) -> Sums:
+  """Exact retained-set sums with their almost-everywhere derivative.
+
+  Args:
+    exact_fn: ``exact_fn(confidences, correct, *extra)`` -> :class:`Sums` of
+      shape ``[..., B - start]``: suffix sums over ``B`` buckets (entry ``b``
+      sums the samples in buckets ``b + start, ..., B - 1``).
+    segments_fn: ``segments_fn(confidences, correct, *extra)`` -> ``(ids, shape,
+      start)``: each sample's flat bucket id (out of range: left out), the
+      static shape ``(..., B)`` of the buckets and the static ``start``.
+    confidences: [n] float confidences.
+    correct: [n] bool or float correctness.
+    *extra: further arguments (thresholds, group ids); the sums are locally
+      constant in them.
+
+  Returns:
+    ``exact_fn``'s result; its tangent is the float sum of the per-sample
+    tangents over the same sets.
+  """
+  return exact_fn(confidences, correct, *extra)
+
+
+@exact_sums.defjvp
+def _exact_sums_jvp(exact_fn, segments_fn, primals, tangents):
+  confidences, correct, *extra = primals
+  d_confidences, d_correct = tangents[0], tangents[1]
+  out = exact_sums(exact_fn, segments_fn, confidences, correct, *extra)
+  ids, shape, start = segments_fn(confidences, correct, *extra)
+  columns = _sample_tangents(confidences, correct, d_confidences, d_correct)
+  per_bucket = jax.ops.segment_sum(columns, ids, num_segments=math.prod(shape))
+  per_bucket = per_bucket.reshape(tuple(shape) + (3,))
+  suffix = jnp.flip(jnp.cumsum(jnp.flip(per_bucket, -2), axis=-2), -2)[..., start:, :]
+  return out, Sums(jnp.zeros_like(out.count), suffix[..., 0], suffix[..., 1], suffix[..., 2])
 
 
 def check_normalize(normalize: str) -> None:

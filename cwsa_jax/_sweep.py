@@ -84,9 +84,15 @@ def bucketize(confidences: jax.Array, sorted_thresholds: jax.Array, first: jax.A
 
 
 def sorted_thresholds(thresholds: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """(argsort order, sorted thresholds) of a [T] threshold vector."""
+  """(argsort order, sorted thresholds) of a [T] threshold vector.
+
+  A NaN threshold (possible only inside a user's ``jit``, where its results are
+  NaN) is sorted last and bucketed as +inf, so the cell table of the others
+  never depends on how NaN converts to an integer.
+  """
   order = jnp.argsort(thresholds)
-  return order, thresholds[order]
+  sorted_values = thresholds[order]
+  return order, jnp.where(jnp.isnan(sorted_values), jnp.inf, sorted_values)
 
 
 def bucket_sums(confidences: jax.Array, correct: jax.Array, sorted_thresh: jax.Array,
@@ -118,29 +124,57 @@ def bucket_sums(confidences: jax.Array, correct: jax.Array, sorted_thresh: jax.A
   return hi.reshape(num_thresholds + 1, -1), lo.reshape(num_thresholds + 1, -1)
 
 
-def result_from_bucket_sums(hi: jax.Array, lo: jax.Array, thresholds: jax.Array,
-                            order: jax.Array, invalid: jax.Array) -> SweepResult:
-  """The :class:`SweepResult` of per-bucket sums (sorted order) at ``thresholds`` (user order)."""
-  num_thresholds = thresholds.shape[0]
+def sums_from_bucket_sums(hi: jax.Array, lo: jax.Array) -> _stats.Sums:
+  """Retained-set :class:`~cwsa_jax._stats.Sums` [T + 1] of exact per-bucket sums [T + 1, W].
+
+  Entry ``b`` sums the buckets ``b, ..., T``: entry 0 is every sample, entry
+  ``j + 1`` the retained set of sorted threshold ``j``.
+  """
   graded = hi.shape[-1] != 6
   hi, lo = _exact.suffix_sums(hi, lo)
-  # Threshold j (sorted) retains the buckets j + 1, ..., T; bucket 0 onwards is everything.
-  values = _exact.to_float(hi, lo)
-  sums = _stats.sums_from_columns(values, graded)
+  return _stats.sums_from_columns(_exact.to_float(hi, lo), graded)
+
+
+def result_from_sums(sums: _stats.Sums, thresholds: jax.Array, order: jax.Array,
+                     invalid: jax.Array) -> SweepResult:
+  """The :class:`SweepResult` at ``thresholds`` (user order) of the suffix sums (sorted order).
+
+  Results are NaN where ``invalid`` (scalar) is set or a threshold lies
+  outside [0, 1).
+  """
+  num_thresholds = thresholds.shape[0]
   n = sums.count[0]
   metrics = _stats.metrics_from_sums(_stats.Sums(*(x[1:] for x in sums)), thresholds[order], n)
   inverse = jnp.zeros_like(order).at[order].set(jnp.arange(num_thresholds, dtype=order.dtype))
-  bad_tau = invalid | ~((thresholds >= 0) & (thresholds < 1))
-  fields = [jnp.where(bad_tau, jnp.nan, m[inverse]) for m in metrics]
+  fields = [m[inverse] for m in metrics]
+  fields = _validation.poison(fields, rows=invalid, items=_validation.bad_threshold(thresholds))
   return SweepResult(thresholds, *fields)
+
+
+def result_from_bucket_sums(hi: jax.Array, lo: jax.Array, thresholds: jax.Array,
+                            order: jax.Array, invalid: jax.Array) -> SweepResult:
+  """The :class:`SweepResult` of per-bucket sums (sorted order) at ``thresholds`` (user order)."""
+  return result_from_sums(sums_from_bucket_sums(hi, lo), thresholds, order, invalid)
+
+
+def _exact_suffix_sums(confidences, correct, sorted_thresh):
+  return sums_from_bucket_sums(*bucket_sums(confidences, correct, sorted_thresh))
+
+
+def _segments(confidences, correct, sorted_thresh):
+  del correct
+  num_thresholds = sorted_thresh.shape[0]
+  first, counts, max_per_cell = bucket_table(sorted_thresh, num_cells(num_thresholds))
+  bucket = bucketize(jnp.clip(confidences, 0.0, 1.0), sorted_thresh, first, counts, max_per_cell)
+  return bucket, (num_thresholds + 1,), 0
 
 
 @jax.jit
 def _sweep_1d(confidences, correct, thresholds):
   order, sorted_thresh = sorted_thresholds(thresholds)
-  hi, lo = bucket_sums(confidences, correct, sorted_thresh)
-  return result_from_bucket_sums(hi, lo, thresholds, order,
-                                 _stats.invalid_inputs(confidences, correct))
+  # Exact sums; their derivative in c (and kappa) is the float sum over each retained set.
+  sums = _stats.exact_sums(_exact_suffix_sums, _segments, confidences, correct, sorted_thresh)
+  return result_from_sums(sums, thresholds, order, jnp.zeros((), bool))
 
 
 def sweep(confidences, correct, thresholds, *, normalize: str = "retained") -> SweepResult:
@@ -170,7 +204,7 @@ def sweep(confidences, correct, thresholds, *, normalize: str = "retained") -> S
       [0, 1] (float).
     thresholds: [T] thresholds in [0, 1).
     normalize: ``"retained"`` (default, the paper's definition: CWSA divided by
-      |S|) or ``"all"`` (CWSA divided by n, as the paper's published code does;
+      ``|S|``) or ``"all"`` (CWSA divided by n, as the paper's published code does;
       equals coverage x CWSA).
 
   Returns:
@@ -179,8 +213,21 @@ def sweep(confidences, correct, thresholds, *, normalize: str = "retained") -> S
 
   Raises:
     ValueError: on concrete inputs with NaN/inf, values outside [0, 1],
-      thresholds outside [0, 1), mismatched shapes or no samples. Inside a
-      user's ``jit`` only shape checks run; invalid values give NaN outputs.
+      integer correctness other than 0/1, thresholds outside [0, 1),
+      mismatched shapes or no samples. Inside a user's ``jit`` / ``vmap``
+      invalid values give NaN instead: the whole row for invalid samples,
+      the column of an invalid threshold.
+
+  Gradients: CWSA and CWSA+ are differentiable almost everywhere in the
+  confidences (and in graded correctness and in the thresholds): the
+  retained sets are locally constant, phi is linear in c, so
+  d CWSA / d c_i = (2 kappa_i - 1) / ((1 - tau) |S|) for a retained sample and
+  0 otherwise (``normalize="all"``: n instead of |S|; CWSA+: kappa_i instead
+  of 2 kappa_i - 1), and d phi_i / d tau = (c_i - 1)/(1 - tau)^2. These are
+  returned exactly (a custom JVP beside the exact integer sums). Coverage
+  and selective accuracy are piecewise constant in c: their gradient in c
+  is 0, which is exact almost everywhere (see ``soft_cwsa`` for a relaxed
+  one).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -191,13 +238,12 @@ def sweep(confidences, correct, thresholds, *, normalize: str = "retained") -> S
     [1.0, 0.5] [0.325, 0.5]
   """
   _stats.check_normalize(normalize)
-  confidences = _validation.as_float_array(confidences, "confidences")
-  correct = _validation.as_correct(correct)
-  thresholds = _validation.as_thresholds(thresholds)
-  _validation.check_samples(confidences, correct)
+  confidences, correct, invalid = _validation.samples(confidences, correct)
+  thresholds, _ = _validation.thresholds(thresholds)  # invalid ones: NaN in the kernel
   fn = _sweep_1d
   for _ in range(confidences.ndim - 1):
     fn = jax.vmap(fn, in_axes=(0, 0, None))
-  result = fn(confidences.astype(jnp.float32), correct, thresholds)
-  return _stats.renormalize(result, normalize)
-
+  result = fn(confidences, correct, thresholds)
+  result = _stats.renormalize(result, normalize)
+  fields = _validation.poison(tuple(result[1:]), rows=invalid)
+  return SweepResult(result.thresholds, *fields)

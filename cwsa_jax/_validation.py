@@ -1,21 +1,61 @@
-"""Input checks shared by the public functions.
+"""Input checks shared by the public functions: one place for what "invalid" means.
 
-Every public metric calls these on its inputs before tracing. The checks that
-look at *values* (NaN, range, label range) need concrete arrays: inside a
-user's ``jax.jit`` or ``jax.vmap`` the inputs are tracers and only the shape
-and dtype checks run. There the metrics compute on whatever they are given
-(see the README, "Inside jit").
+Every public function passes its inputs through the entry points here before
+computing anything. Each entry point does two things:
+
+* **shape and dtype** checks, always (also at trace time): ``ValueError`` for
+  a bad shape, :class:`DTypeError` (a ``TypeError``, and a ``ValueError`` for
+  callers that catch that) for a wrong dtype;
+* **value** checks. On concrete arrays they raise ``ValueError`` naming the
+  problem. On tracers (inside a user's ``jax.jit``, ``jax.vmap``, ``jax.grad``
+  or ``checkify``) nothing can be raised: the entry point returns a traced
+  boolean *flag* instead (``None`` when the values were already checked), and
+  the public function passes its outputs through :func:`poison`, which makes
+  them NaN (and their gradients NaN) where the flag is set: for the invalid
+  batch row only under ``vmap`` or with leading batch axes, for the invalid
+  threshold only in a sweep. Each flag is also a
+  ``jax.experimental.checkify.debug_check``, so
+  ``checkify.checkify(f, errors=checkify.user_checks)`` reports the problem as
+  an error (outside ``checkify`` those checks cost nothing).
+
+Invalid values, for every public function:
+
+* confidences or probabilities that are NaN, infinite or outside [0, 1]
+  (rank metrics: see :data:`SCORES_IN_UNIT_INTERVAL`);
+* probability rows whose sum differs from 1 by more than
+  :data:`PROBABILITY_TOLERANCE`;
+* integer class labels or group ids outside [0, K);
+* integer correctness other than 0 and 1 (integers are checked before they are
+  cast to ``bool``), graded correctness NaN or outside [0, 1];
+* thresholds outside [0, 1), temperatures that are not finite and > 0,
+  coverage or risk targets outside their range (NaN and inf included).
 """
 
 from __future__ import annotations
 
 import operator
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import checkify
+
+# Probability rows must sum to 1 within this absolute tolerance, for every
+# dtype (float32 softmax outputs of 10^4 classes and probabilities saved with
+# four decimals pass; rows summing to 0.999 or 1.01 do not).
+PROBABILITY_TOLERANCE = 1e-3
+
+# The rank metrics (aurc, augrc, eaurc, risk_coverage_summary,
+# risk_coverage_curve, risk_at_coverage, coverage_at_risk) only compare
+# confidences with each other. With False they accept any finite real score
+# (read by ``samples(..., scores=True)``; their kernels still clip to [0, 1]).
+SCORES_IN_UNIT_INTERVAL = True
+
+
+class DTypeError(TypeError, ValueError):
+  """An input has the wrong dtype (a ``TypeError``; also a ``ValueError`` for older callers)."""
 
 
 def is_concrete(*arrays: Any) -> bool:
@@ -23,21 +63,282 @@ def is_concrete(*arrays: Any) -> bool:
   return not any(isinstance(a, jax.core.Tracer) for a in arrays)
 
 
+# --------------------------------------------------------------------------- flags
+# Elementwise "invalid" predicates. Written as ``~(ok)`` so that NaN, which
+# fails every comparison, is always invalid.
+
+def bad_unit(x: jax.Array) -> jax.Array:
+  """Elementwise: NaN, infinite or outside [0, 1]."""
+  return ~((x >= 0) & (x <= 1))
+
+
+def bad_correct(k: jax.Array) -> jax.Array:
+  """Elementwise: integer correctness not 0/1, graded correctness NaN or outside [0, 1]."""
+  if k.dtype == jnp.bool_:
+    return jnp.zeros(k.shape, bool)
+  if jnp.issubdtype(k.dtype, jnp.integer):
+    return (k != 0) & (k != 1)
+  return bad_unit(k)
+
+
+def bad_threshold(t: jax.Array) -> jax.Array:
+  """Elementwise: a threshold outside [0, 1) (NaN and inf included)."""
+  return ~((t >= 0) & (t < 1))
+
+
+def bad_positive(x: jax.Array) -> jax.Array:
+  """Elementwise: not finite and > 0 (temperatures)."""
+  return ~((x > 0) & (x < jnp.inf))
+
+
+def bad_label(y: jax.Array, num_classes: int) -> jax.Array:
+  """Elementwise: an integer label outside [0, num_classes)."""
+  return (y < 0) | (y >= num_classes)
+
+
+def bad_probability_rows(p: jax.Array) -> jax.Array:
+  """Per row of ``p`` [..., K]: a value outside [0, 1] or a sum off 1 by more than the tolerance."""
+  total = jnp.sum(p.astype(jnp.promote_types(p.dtype, jnp.float32)), axis=-1)
+  return jnp.any(bad_unit(p), axis=-1) | ~(jnp.abs(total - 1) <= PROBABILITY_TOLERANCE)
+
+
+def _traced_flag(bad: jax.Array, reduce_axes: int, message: str) -> jax.Array:
+  """``bad`` reduced with ``any`` over its last ``reduce_axes`` axes, registered with checkify."""
+  if reduce_axes:
+    bad = jnp.any(bad, axis=tuple(range(bad.ndim - reduce_axes, bad.ndim)))
+  checkify.debug_check(~jnp.any(bad), message)
+  return bad
+
+
+def either(*flags: jax.Array | None) -> jax.Array | None:
+  """Elementwise or of the flags that are not None (None if all are)."""
+  flags = [f for f in flags if f is not None]
+  if not flags:
+    return None
+  out = flags[0]
+  for f in flags[1:]:
+    out = out | f
+  return out
+
+
+def poison(x: Any, rows: jax.Array | None = None, items: jax.Array | None = None) -> Any:
+  """Marks the outputs of invalid inputs: NaN for floating leaves, -1 for integer ones.
+
+  ``rows`` flags the batch rows (aligned with the *leading* axes of every leaf,
+  e.g. [...] for [..., T] outputs); ``items`` is broadcast against the
+  *trailing* axes (a scalar for tau, [T] for thresholds, a target's shape).
+  Floating leaves are multiplied by NaN rather than replaced, so that their
+  gradients are NaN too, never a plausible number. Boolean leaves are kept.
+  """
+  if rows is None and items is None:
+    return x
+
+  def mark(leaf):
+    leaf = jnp.asarray(leaf)
+    bad = jnp.zeros((), bool)
+    if rows is not None:
+      bad = bad | rows.reshape(rows.shape + (1,) * (leaf.ndim - rows.ndim))
+    if items is not None:
+      bad = bad | items
+    if jnp.issubdtype(leaf.dtype, jnp.floating):
+      return leaf * jnp.where(bad, jnp.nan, 1.0).astype(leaf.dtype)
+    if jnp.issubdtype(leaf.dtype, jnp.integer):
+      return jnp.where(bad, jnp.asarray(-1, leaf.dtype), leaf)
+    return leaf
+
+  return jax.tree_util.tree_map(mark, x)
+
+
+# ------------------------------------------------------------------ conversions
+
+
+def _as_array(x: Any, name: str) -> jax.Array:
+  if isinstance(x, jax.core.Tracer):
+    return x
+  try:
+    return jnp.asarray(x)
+  except TypeError as e:  # e.g. strings or objects: not a numeric dtype
+    raise DTypeError(f"{name} must be numeric array-like, got {type(x).__name__}: {e}") from None
+  except ValueError as e:  # e.g. ragged nested lists
+    raise ValueError(f"{name} must be numeric array-like, got {type(x).__name__}: {e}") from None
+
+
 def as_float_array(x: Any, name: str) -> jax.Array:
   """Converts ``x`` to a floating JAX array (float32 unless already floating)."""
-  if isinstance(x, jax.core.Tracer):
-    arr = x
-  else:
-    try:
-      arr = jnp.asarray(x)
-    except (TypeError, ValueError) as e:
-      raise ValueError(f"{name} must be numeric array-like, got {type(x).__name__}: {e}") from None
+  arr = _as_array(x, name)
   if arr.dtype == jnp.bool_ or not (
       jnp.issubdtype(arr.dtype, jnp.floating) or jnp.issubdtype(arr.dtype, jnp.integer)):
-    raise ValueError(f"{name} must have a numeric dtype, got {arr.dtype}")
+    raise DTypeError(f"{name} must have a numeric dtype, got {arr.dtype}")
   if not jnp.issubdtype(arr.dtype, jnp.floating):
     arr = arr.astype(jnp.float32)
   return arr
+
+
+def correct_array(correct: Any, name: str = "correct") -> jax.Array:
+  """``correct`` as an array of its own dtype (bool, integer or floating), not yet converted."""
+  arr = _as_array(correct, name)
+  if arr.dtype == jnp.bool_ or jnp.issubdtype(arr.dtype, jnp.integer) \
+      or jnp.issubdtype(arr.dtype, jnp.floating):
+    return arr
+  raise DTypeError(f"{name} must be boolean, 0/1 or a float in [0, 1], got dtype {arr.dtype}")
+
+
+def convert_correct(k: jax.Array) -> jax.Array:
+  """Checked correctness in the kernels' dtype: integers as ``bool``, floats as float32."""
+  if jnp.issubdtype(k.dtype, jnp.integer):
+    return k.astype(jnp.bool_)
+  if jnp.issubdtype(k.dtype, jnp.floating):
+    return k.astype(jnp.float32)
+  return k
+
+
+# ------------------------------------------------------------------ value checks
+# Each returns None after a successful eager check, or a traced flag.
+
+
+def check_finite_in_unit_interval(x: jax.Array, name: str, *, reduce_axes: int = 1,
+                                  unit: bool = True) -> jax.Array | None:
+  """Raises if concrete ``x`` holds NaN, inf or values outside [0, 1]; else the traced flag.
+
+  The flag is reduced over the last ``reduce_axes`` axes (the samples axis by
+  default). With ``unit=False`` only finiteness is required.
+  """
+  if not is_concrete(x):
+    bad = bad_unit(x) if unit else ~jnp.isfinite(x)
+    what = "finite and in [0, 1]" if unit else "finite"
+    return _traced_flag(bad, min(reduce_axes, x.ndim), f"{name} must be {what}")
+  v = np.asarray(x)
+  if not np.all(np.isfinite(v)):
+    bad = int(np.sum(~np.isfinite(v)))
+    raise ValueError(f"{name} contains {bad} NaN or infinite value(s)")
+  if unit and v.size:
+    lo, hi = float(v.min()), float(v.max())
+    if lo < 0.0 or hi > 1.0:
+      raise ValueError(f"{name} must lie in [0, 1], got values in [{lo:.6g}, {hi:.6g}]")
+  return None
+
+
+def check_correct(k: jax.Array, name: str = "correct", *, graded: bool = True,
+                  reduce_axes: int = 1) -> jax.Array | None:
+  """Raises unless concrete ``k`` is bool, integer 0/1 or (``graded``) a float in [0, 1].
+
+  Returns the traced flag instead on tracers.
+
+  With ``graded=False`` floats must be exactly 0 or 1 (traced: flagged if not).
+  """
+  if k.dtype == jnp.bool_:
+    return None
+  integer = jnp.issubdtype(k.dtype, jnp.integer)
+  if not is_concrete(k):
+    bad = bad_correct(k)
+    if not graded and not integer:
+      bad = (k != 0) & (k != 1)
+    what = "0 or 1" if integer or not graded else "a number in [0, 1]"
+    return _traced_flag(bad, min(reduce_axes, k.ndim), f"{name} must be {what}")
+  v = np.asarray(k)
+  if integer:
+    if v.size and (v.min() < 0 or v.max() > 1):
+      raise ValueError(
+          f"{name} must be boolean or 0/1, got integer values in [{v.min()}, {v.max()}]")
+    return None
+  if not np.all(np.isfinite(v)):
+    raise ValueError(f"{name} contains NaN or infinite values")
+  if v.size and (v.min() < 0.0 or v.max() > 1.0):
+    raise ValueError(
+        f"{name} must lie in [0, 1] (graded correctness kappa), got values in "
+        f"[{v.min():.6g}, {v.max():.6g}]")
+  if not graded and not np.all((v == 0.0) | (v == 1.0)):
+    raise ValueError(f"{name} must be boolean or 0/1 here (graded values are not accepted)")
+  return None
+
+
+def check_threshold(tau: Any, name: str = "tau") -> jax.Array | None:
+  """Raises unless every (concrete) threshold is finite and in [0, 1); else the elementwise flag."""
+  if not is_concrete(tau):
+    return _traced_flag(bad_threshold(tau), 0, f"{name} must lie in [0, 1)")
+  v = np.asarray(tau, dtype=np.float64)
+  if not np.all(np.isfinite(v)):
+    raise ValueError(f"{name} must be finite, got {v if v.size < 8 else 'NaN/inf values'}")
+  if np.any(v < 0.0) or np.any(v >= 1.0):
+    raise ValueError(
+        f"{name} must lie in [0, 1) (tau = 1 makes phi = (c - tau)/(1 - tau) divide by zero), "
+        f"got values in [{v.min():.6g}, {v.max():.6g}]")
+  return None
+
+
+def check_positive(x: Any, name: str) -> jax.Array | None:
+  """Raises unless concrete ``x`` is finite and > 0; else the elementwise flag."""
+  if not is_concrete(x):
+    return _traced_flag(bad_positive(x), 0, f"{name} must be finite and > 0")
+  v = np.asarray(x, dtype=np.float64)
+  if not (np.all(np.isfinite(v)) and np.all(v > 0)):
+    raise ValueError(f"{name} must be finite and > 0, got {v if v.size < 8 else 'other values'}")
+  return None
+
+
+def check_nonnegative(x: Any, name: str) -> jax.Array | None:
+  """Raises unless concrete ``x`` is finite and >= 0 (loss weights); else the elementwise flag."""
+  if not is_concrete(x):
+    return _traced_flag(~((x >= 0) & (x < jnp.inf)), 0, f"{name} must be finite and >= 0")
+  v = np.asarray(x, dtype=np.float64)
+  if not (np.all(np.isfinite(v)) and np.all(v >= 0)):
+    raise ValueError(f"{name} must be finite and >= 0, got {v if v.size < 8 else 'other values'}")
+  return None
+
+
+def check_range(x: Any, name: str, *, low_open: bool) -> jax.Array | None:
+  """Raises unless concrete ``x`` lies in [0, 1] ((0, 1] with ``low_open``); else the flag."""
+  interval = "(0, 1]" if low_open else "[0, 1]"
+  if not is_concrete(x):
+    ok = ((x > 0) if low_open else (x >= 0)) & (x <= 1)
+    return _traced_flag(~ok, 0, f"{name} must lie in {interval}")
+  v = np.asarray(x, dtype=np.float64)
+  if not np.all(np.isfinite(v)):
+    raise ValueError(f"{name} must be finite")
+  lo_ok = np.all(v > 0.0) if low_open else np.all(v >= 0.0)
+  if not lo_ok or np.any(v > 1.0):
+    raise ValueError(f"{name} must lie in {interval}, got values in [{v.min():.6g}, {v.max():.6g}]")
+  return None
+
+
+def check_labels(y: jax.Array, num_classes: int, name: str = "labels") -> jax.Array | None:
+  """Raises unless concrete integer ``y`` lies in [0, num_classes); else the elementwise flag."""
+  if not is_concrete(y):
+    return _traced_flag(bad_label(y, num_classes), 0, f"{name} must lie in [0, {num_classes})")
+  v = np.asarray(y)
+  if v.size and (v.min() < 0 or v.max() >= num_classes):
+    raise ValueError(f"{name} must lie in [0, {num_classes}), got values in [{v.min()}, {v.max()}]")
+  return None
+
+
+def check_probabilities(p: jax.Array, name: str = "probs") -> jax.Array | None:
+  """Raises unless concrete ``p`` [..., K] are probabilities; else the per-row traced flag.
+
+  Probabilities: finite, in [0, 1], each row summing to 1 within
+  :data:`PROBABILITY_TOLERANCE`.
+  """
+  if not is_concrete(p):
+    return _traced_flag(bad_probability_rows(p), 0,
+                        f"{name} must be probabilities in [0, 1] summing to 1 over the class axis")
+  v = np.asarray(p, dtype=np.float64)
+  if not np.all(np.isfinite(v)):
+    raise ValueError(f"{name} contains {int(np.sum(~np.isfinite(v)))} NaN or infinite value(s)")
+  lo, hi = float(v.min()), float(v.max())
+  if lo < 0.0 or hi > 1.0:
+    raise ValueError(
+        f"{name} must be probabilities in [0, 1], got values in [{lo:.6g}, {hi:.6g}] "
+        "(pass logits instead?)")
+  err = np.abs(v.sum(axis=-1) - 1.0)
+  if err.size and err.max() > PROBABILITY_TOLERANCE:
+    i = int(np.argmax(err.reshape(-1)))
+    total = float(v.sum(axis=-1).reshape(-1)[i])
+    raise ValueError(
+        f"{name} rows must sum to 1 over the class axis (tolerance {PROBABILITY_TOLERANCE:g}); "
+        f"row {i} sums to {total:.6g} (pass logits instead?)")
+  return None
+
+
+# ------------------------------------------------------------------ entry points
 
 
 def check_nonempty(x: jax.Array, name: str) -> None:
@@ -50,88 +351,69 @@ def check_same_leading_shape(a: jax.Array, b: jax.Array, name_a: str, name_b: st
     raise ValueError(f"{name_a} and {name_b} must have the same shape, got {a.shape} and {b.shape}")
 
 
-def check_samples(confidences: jax.Array, correct: jax.Array) -> None:
-  """Raises unless confidences [..., n] and correct share a shape with n >= 1 and c in [0, 1]."""
-  check_same_leading_shape(confidences, correct, "confidences", "correct")
+def _check_sample_shapes(confidences: jax.Array, correct: jax.Array,
+                         names: tuple[str, str] = ("confidences", "correct")) -> None:
+  check_same_leading_shape(confidences, correct, *names)
   if confidences.ndim == 0:
-    raise ValueError("confidences must have a samples axis [..., n], got a scalar")
+    raise ValueError(f"{names[0]} must have a samples axis [..., n], got a scalar")
   if confidences.shape[-1] == 0:
-    raise ValueError("confidences is empty: at least one sample is needed")
-  check_finite_in_unit_interval(confidences, "confidences")
+    raise ValueError(f"{names[0]} is empty: at least one sample is needed")
 
 
-def check_finite_in_unit_interval(x: jax.Array, name: str) -> None:
-  """Raises if ``x`` (concrete) holds NaN, inf, or values outside [0, 1]."""
-  if not is_concrete(x):
-    return
-  v = np.asarray(x)
-  if not np.all(np.isfinite(v)):
-    bad = int(np.sum(~np.isfinite(v)))
-    raise ValueError(f"{name} contains {bad} NaN or infinite value(s)")
-  lo, hi = float(v.min()), float(v.max())
-  if lo < 0.0 or hi > 1.0:
-    raise ValueError(f"{name} must lie in [0, 1], got values in [{lo:.6g}, {hi:.6g}]")
+def check_samples(confidences: jax.Array, correct: jax.Array, *,
+                  names: tuple[str, str] = ("confidences", "correct")) -> jax.Array | None:
+  """Shapes of confidences [..., n] and correct; values of both. Returns the traced row flag."""
+  _check_sample_shapes(confidences, correct, names)
+  return either(check_finite_in_unit_interval(confidences, names[0]),
+                check_correct(correct, names[1]))
 
 
-def check_threshold(tau: Any, name: str = "tau") -> None:
-  """Raises unless every (concrete) threshold is finite and in [0, 1)."""
-  if not is_concrete(tau):
-    return
-  v = np.asarray(tau, dtype=np.float64)
-  if not np.all(np.isfinite(v)):
-    raise ValueError(f"{name} must be finite, got {v if v.size < 8 else 'NaN/inf values'}")
-  if np.any(v < 0.0) or np.any(v >= 1.0):
-    raise ValueError(
-        f"{name} must lie in [0, 1) (tau = 1 makes phi = (c - tau)/(1 - tau) divide by zero), "
-        f"got values in [{v.min():.6g}, {v.max():.6g}]")
+class Samples(NamedTuple):
+  """Checked samples: float32 confidences, correctness (bool or float32), row flag [...] or None."""
+  confidences: jax.Array
+  correct: jax.Array
+  invalid: jax.Array | None
+
+
+def samples(confidences: Any, correct: Any, *, scores: bool = False,
+            graded: bool = True) -> Samples:
+  """The common entry point of the (confidences, correct) metrics.
+
+  Args:
+    confidences: [..., n] confidences in [0, 1] (with ``scores``, rank-metric
+      scores: see :data:`SCORES_IN_UNIT_INTERVAL`).
+    correct: [..., n] bool, integer 0/1 or graded float in [0, 1].
+    scores: apply the rank metrics' range rule to ``confidences``.
+    graded: accept graded (non-binary) float correctness.
+
+  Returns:
+    :class:`Samples`; ``invalid`` is the traced per-row flag (None when the
+    values were concrete and checked).
+  """
+  c = as_float_array(confidences, "confidences")
+  k = correct_array(correct)
+  _check_sample_shapes(c, k)
+  flag = either(
+      check_finite_in_unit_interval(c, "confidences",
+                                    unit=SCORES_IN_UNIT_INTERVAL or not scores),
+      check_correct(k, graded=graded))
+  return Samples(c.astype(jnp.float32), convert_correct(k), flag)
 
 
 def as_correct(correct: Any, name: str = "correct", *, graded: bool = True) -> jax.Array:
-  """Validates correctness indicators.
+  """Validated correctness: integers as ``bool``, floats (graded kappa in [0, 1]) as float32.
 
-  Boolean and integer arrays must be 0/1 and are returned as ``bool``. Floating
-  arrays are graded correctness kappa in [0, 1] (binary values allowed) and are
-  returned as float32. With ``graded=False`` floating arrays must be exactly 0/1.
+  Concrete values are checked (ValueError). Use :func:`samples` where traced
+  values must be flagged too: this function cannot return the flag.
   """
-  if isinstance(correct, jax.core.Tracer):
-    arr = correct
-  else:
-    try:
-      arr = jnp.asarray(correct)
-    except (TypeError, ValueError) as e:
-      raise ValueError(f"{name} must be array-like, got {type(correct).__name__}: {e}") from None
-  if arr.dtype == jnp.bool_:
-    return arr
-  if jnp.issubdtype(arr.dtype, jnp.integer):
-    if is_concrete(arr):
-      v = np.asarray(arr)
-      if v.size and (v.min() < 0 or v.max() > 1):
-        raise ValueError(f"{name} must be boolean or 0/1, got integer values in [{v.min()}, {v.max()}]")
-    return arr.astype(jnp.bool_)
-  if jnp.issubdtype(arr.dtype, jnp.floating):
-    if is_concrete(arr):
-      v = np.asarray(arr)
-      if not np.all(np.isfinite(v)):
-        raise ValueError(f"{name} contains NaN or infinite values")
-      if v.size and (v.min() < 0.0 or v.max() > 1.0):
-        raise ValueError(
-            f"{name} must lie in [0, 1] (graded correctness kappa), got values in "
-            f"[{v.min():.6g}, {v.max():.6g}]")
-      if not graded and not np.all((v == 0.0) | (v == 1.0)):
-        raise ValueError(f"{name} must be boolean or 0/1")
-    return arr.astype(jnp.float32)
-  raise ValueError(f"{name} must be boolean, 0/1 or a float in [0, 1], got dtype {arr.dtype}")
+  k = correct_array(correct, name)
+  check_correct(k, name, graded=graded)
+  return convert_correct(k)
 
 
 def as_labels(labels: Any, name: str = "labels", *, num_classes: int | None = None) -> jax.Array:
-  """Validates integer class labels (optionally in [0, num_classes))."""
-  if isinstance(labels, jax.core.Tracer):
-    arr = labels
-  else:
-    try:
-      arr = jnp.asarray(labels)
-    except (TypeError, ValueError) as e:
-      raise ValueError(f"{name} must be array-like, got {type(labels).__name__}: {e}") from None
+  """Validated integer class labels (concrete ones checked to lie in [0, num_classes))."""
+  arr = _as_array(labels, name)
   if not jnp.issubdtype(arr.dtype, jnp.integer) or arr.dtype == jnp.bool_:
     if jnp.issubdtype(arr.dtype, jnp.floating) and is_concrete(arr):
       v = np.asarray(arr)
@@ -140,35 +422,56 @@ def as_labels(labels: Any, name: str = "labels", *, num_classes: int | None = No
       else:
         raise ValueError(f"{name} must be integer class indices, got non-integer values")
     else:
-      raise ValueError(f"{name} must be integer class indices, got dtype {arr.dtype}")
+      raise DTypeError(f"{name} must be integer class indices, got dtype {arr.dtype}")
   if num_classes is not None and is_concrete(arr):
-    v = np.asarray(arr)
-    if v.size and (v.min() < 0 or v.max() >= num_classes):
-      raise ValueError(
-          f"{name} must lie in [0, {num_classes}), got values in [{v.min()}, {v.max()}]")
+    check_labels(arr, num_classes, name)
   return arr
 
 
-def prepare_at_threshold(confidences: Any, correct: Any, tau: Any, *, hint: str = ""):
-  """Validated (float32 confidences [..., n], correctness, float32 scalar tau)."""
-  confidences = as_float_array(confidences, "confidences")
-  correct = as_correct(correct)
-  tau = as_float_array(tau, "tau")
-  if tau.ndim != 0:
-    raise ValueError(f"tau must be a scalar, got shape {tau.shape}{hint}")
-  check_samples(confidences, correct)
-  check_threshold(tau)
-  return confidences.astype(jnp.float32), correct, tau.astype(jnp.float32)
+def labels(y: Any, num_classes: int, name: str = "labels") -> tuple[jax.Array, jax.Array | None]:
+  """(int32 labels, elementwise flag or None) of labels that must lie in [0, num_classes)."""
+  y = as_labels(y, name)
+  return y.astype(jnp.int32), check_labels(y, num_classes, name)
 
 
-def as_thresholds(thresholds: Any) -> jax.Array:
-  """Validated float32 thresholds [T] (T >= 1, each in [0, 1))."""
-  t = as_float_array(thresholds, "thresholds")
+def threshold(tau: Any, name: str = "tau", *, hint: str = "") -> tuple[jax.Array, jax.Array | None]:
+  """(float32 scalar threshold, flag or None)."""
+  t = as_float_array(tau, name)
+  if t.ndim != 0:
+    raise ValueError(f"{name} must be a scalar, got shape {t.shape}{hint}")
+  return t.astype(jnp.float32), check_threshold(t, name)
+
+
+def thresholds(values: Any, name: str = "thresholds", *,
+               min_size: int = 1) -> tuple[jax.Array, jax.Array | None]:
+  """(float32 thresholds [T], elementwise flag [T] or None)."""
+  t = as_float_array(values, name)
   if t.ndim != 1:
-    raise ValueError(f"thresholds must be 1-D [T], got shape {t.shape}")
-  check_nonempty(t, "thresholds")
-  check_threshold(t, "thresholds")
-  return t.astype(jnp.float32)
+    raise ValueError(f"{name} must be 1-D [T], got shape {t.shape}")
+  check_nonempty(t, name)
+  if t.shape[0] < min_size:
+    raise ValueError(f"{name} needs at least {min_size} values, got shape {t.shape}")
+  return t.astype(jnp.float32), check_threshold(t, name)
+
+
+def as_thresholds(values: Any) -> jax.Array:
+  """Validated float32 thresholds [T] (T >= 1; concrete ones checked to lie in [0, 1))."""
+  return thresholds(values)[0]
+
+
+def temperature(value: Any, name: str = "temperature") -> tuple[jax.Array, jax.Array | None]:
+  """(scalar temperature, flag or None): finite and > 0."""
+  t = as_float_array(value, name)
+  if t.ndim != 0:
+    raise ValueError(f"{name} must be a scalar, got shape {t.shape}")
+  return t, check_positive(t, name)
+
+
+def prepare_at_threshold(confidences: Any, correct: Any, tau: Any, *, hint: str = ""):
+  """(float32 confidences [..., n], correctness, float32 scalar tau, row flag, tau flag)."""
+  c, k, rows = samples(confidences, correct)
+  tau, tau_flag = threshold(tau, hint=hint)
+  return c, k, tau, rows, tau_flag
 
 
 def positive_int(x: Any, name: str) -> int:
@@ -182,3 +485,33 @@ def positive_int(x: Any, name: str) -> int:
   if value < 1:
     raise ValueError(f"{name} must be >= 1, got {value}")
   return value
+
+
+def nan_if_invalid(x: jax.Array, flag: jax.Array | None) -> jax.Array:
+  """``x`` with NaN where ``flag`` is set: an invalid traced option then poisons every result."""
+  return x if flag is None else poison(x, items=flag)
+
+
+def refuse_gradient(x: jax.Array, message: str) -> jax.Array:
+  """``x`` unchanged; differentiating through it raises ``TypeError(message)``.
+
+  For results built from exact integer statistics, which carry no derivative:
+  an error instead of a silent zero gradient.
+  """
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    return x
+  return _refuse(message, x)
+
+
+def _refuse_impl(message, x):
+  del message
+  return x
+
+
+_refuse = jax.custom_jvp(_refuse_impl, nondiff_argnums=(0,))
+
+
+@_refuse.defjvp
+def _refuse_jvp(message, primals, tangents):
+  del primals, tangents
+  raise TypeError(message)

@@ -4,26 +4,68 @@ Each subcommand lives in its own module exposing ``add_parser(subparsers)``,
 which registers the parser and sets ``func`` (a callable taking the parsed
 arguments and returning an exit code). Errors a user can fix (bad files,
 bad flags) are raised as :class:`UserError` and printed as one line on stderr
-with exit status 2; no traceback.
+with exit status 2; no traceback. So is any ``OSError`` (a full disk, a
+read-only folder). Ctrl-C ends every command with status 130 within seconds
+and leaves no partial output (:mod:`cwsa_jax._interrupt`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 
+from cwsa_jax import _interrupt
 from cwsa_jax._cli_util import UserError
 
-# Subcommand modules, in the order `--help` lists them. Modules that are not
-# installed yet (optional parts of the kit) are skipped.
+# Subcommands in the order `--help` lists them: (name, module, the optional
+# modules a run with these arguments needs, checked before it starts).
 _COMMANDS = (
-    "cwsa_jax._cmd_demo",
-    "cwsa_jax._cmd_evaluate",
-    "cwsa_jax._cmd_compare",
-    "cwsa_jax._cmd_reproduce",
-    "training._cmd_train",
+    ("demo", "cwsa_jax._cmd_demo", lambda args: ("matplotlib",)),
+    ("evaluate", "cwsa_jax._cmd_evaluate",
+     lambda args: () if getattr(args, "no_figures", False) else ("matplotlib",)),
+    ("compare", "cwsa_jax._cmd_compare", lambda args: ()),
+    ("reproduce-paper", "cwsa_jax._cmd_reproduce", lambda args: ("matplotlib",)),
+    ("train", "cwsa_jax.training._cmd_train", lambda args: ("flax", "optax")),
 )
+
+# Optional modules: (the distribution to install, the extra of pyproject.toml that has it).
+# The core install (jax, numpy) has none of them.
+_OPTIONAL = {
+    "matplotlib": ("matplotlib", "plots"),
+    "flax": ("flax", "train"),
+    "optax": ("optax", "train"),
+    "tensorflow_datasets": ("tensorflow-datasets", "train"),
+    "PIL": ("pillow", "train"),
+}
+
+
+def missing_extra_message(module: str) -> str | None:
+  """One line naming the extra that installs ``module``; None if no extra does."""
+  top = (module or "").partition(".")[0]
+  if top not in _OPTIONAL:
+    return None
+  distribution, extra = _OPTIONAL[top]
+  return (f"needs {distribution}, which is not installed (an optional part of cwsa-jax): "
+          f"pip install 'cwsa-jax[{extra}]'")
+
+
+def _is_installed(module: str) -> bool:
+  try:
+    return importlib.util.find_spec(module) is not None
+  except (ImportError, ValueError):
+    return False
+
+
+def _missing_module(args: argparse.Namespace) -> str | None:
+  """The first optional module the parsed command needs and cannot import, else None."""
+  if getattr(args, "missing_module", None):
+    return args.missing_module
+  for name, _, needs in _COMMANDS:
+    if name == args.command:
+      return next((m for m in needs(args) if not _is_installed(m)), None)
+  return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,31 +76,63 @@ def build_parser() -> argparse.ArgumentParser:
       "metrics in JAX: evaluate predictions, sweep thresholds, train with a CWSA-regularized loss.")
   parser.add_argument("--version", action="version", version=f"cwsa-jax {__version__}")
   sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-  for name in _COMMANDS:
+  for command, name, _ in _COMMANDS:
     try:
       module = importlib.import_module(name)
     except ModuleNotFoundError as e:
       if e.name == name:
         continue
-      raise
+      if missing_extra_message(e.name) is None:
+        raise
+      # Registered anyway, so that running it names the extra to install.
+      stub = sub.add_parser(command, add_help=False, help=missing_extra_message(e.name))
+      stub.set_defaults(func=None, missing_module=e.name)
+      continue
     module.add_parser(sub)
   return parser
 
 
 def main(argv: list[str] | None = None) -> int:
   parser = build_parser()
-  args = parser.parse_args(argv)
+  args, unknown = parser.parse_known_args(argv)
+  missing = _missing_module(args) if getattr(args, "command", None) else None
+  if missing:
+    print(f"cwsa-jax {args.command}: error: {missing_extra_message(missing)}", file=sys.stderr)
+    return 2
+  if unknown:
+    parser.error(f"unrecognized arguments: {' '.join(unknown)}")
   if not getattr(args, "func", None):
     parser.print_help()
     return 2
-  try:
-    return int(args.func(args) or 0)
-  except UserError as e:
-    print(f"cwsa-jax {args.command}: error: {e}", file=sys.stderr)
-    return 2
-  except KeyboardInterrupt:
-    print(f"cwsa-jax {args.command}: interrupted", file=sys.stderr)
-    return 130
+  label = f"cwsa-jax {args.command}"
+  with _interrupt.guard(label):
+    try:
+      code = int(args.func(args) or 0)
+      _interrupt.check()  # a Ctrl-C whose KeyboardInterrupt Python dropped (in a __del__)
+      return code
+    except KeyboardInterrupt:
+      pass
+    except ModuleNotFoundError as e:
+      if missing_extra_message(e.name) is None:
+        raise
+      print(f"{label}: error: {missing_extra_message(e.name)}", file=sys.stderr)
+      return 2
+    except (UserError, OSError) as e:
+      if not _interrupt.interrupted():
+        print(f"{label}: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+  print(f"{label}: interrupted", file=sys.stderr)
+  if argv is None:  # the program itself, not a caller: end without interpreter teardown
+    _interrupt.exit_now()
+  return _interrupt.EXIT_INTERRUPTED
+
+
+def _one_line(error: Exception) -> str:
+  """The message of a UserError, or ``FILE: reason`` of an OSError, on one line."""
+  text = str(error)
+  if isinstance(error, OSError) and error.strerror:
+    text = f"{error.filename}: {error.strerror}" if error.filename is not None else error.strerror
+  return " ".join(text.split())
 
 
 if __name__ == "__main__":

@@ -5,6 +5,11 @@ keyword-only options. Unlike optax's per-example losses, these return one
 scalar per batch: CWSA is a statistic of a *set* of predictions (a weighted
 mean over the retained samples), so the batch is the unit.
 
+Beside them: :func:`focal_loss` and :func:`inverse_focal_loss` (reweighted
+cross-entropies, averaged over the samples axis) and the soft AURC
+(:func:`soft_aurc_loss`, :func:`soft_aurc_regularized_loss`), a batch
+statistic like the soft CWSA.
+
 **How correctness enters the gradient.** The confidence c_i is the max-softmax
 probability; the correctness kappa_i can be
 
@@ -63,14 +68,19 @@ def _prepare(logits: Any, labels: Any) -> tuple[jax.Array, jax.Array]:
     raise ValueError(f"logits must have shape [..., n, num_classes], got {logits.shape}")
   if logits.shape[-1] < 2:
     raise ValueError(f"logits need at least 2 classes, got shape {logits.shape}")
-  labels = _validation.as_labels(labels, num_classes=logits.shape[-1])
+  labels, label_flag = _validation.labels(labels, logits.shape[-1])
   if labels.shape != logits.shape[:-1]:
     raise ValueError(
         f"labels must have shape logits.shape[:-1] = {logits.shape[:-1]}, got {labels.shape}")
   if logits.shape[-2] == 0:
     raise ValueError("logits is empty: at least one sample is needed")
-  if _validation.is_concrete(logits) and not bool(jnp.all(jnp.isfinite(logits))):
-    raise ValueError("logits contains NaN or infinite values")
+  finite_flag = _validation.check_finite_in_unit_interval(logits, "logits", unit=False)
+  # Traced invalid samples (NaN/inf logits, labels out of range) get NaN logits:
+  # their batch's loss, and its gradient, are NaN.
+  flag = _validation.either(finite_flag, label_flag)
+  if flag is not None:
+    logits = _validation.poison(logits, rows=flag)
+    labels = jnp.where(flag, 0, labels)
   return logits, labels
 
 
@@ -158,7 +168,8 @@ def cwsa_surrogate_loss(logits: Any, labels: Any, *, tau: Any = 0.5, temperature
   Raises:
     ValueError: on concrete NaN/inf logits, labels out of range or of the
       wrong shape, tau outside [0, 1), temperature <= 0 or a bad option.
-      Inside a user's ``jit`` only the shape checks run.
+      Inside a user's ``jit`` / ``vmap`` such values give a NaN loss (and
+      NaN gradients) instead.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -228,12 +239,285 @@ def cwsa_regularized_loss(logits: Any, labels: Any, *, weight: Any = 1.0, tau: A
   logits, labels = _prepare(logits, labels)
   tau = _soft._prepare_tau(tau)
   temperature = _soft._check_temperature(temperature)
-  weight = _validation.as_float_array(weight, "weight")
-  if weight.ndim != 0:
-    raise ValueError(f"weight must be a scalar, got shape {weight.shape}")
-  if _validation.is_concrete(weight) and not (float(weight) >= 0 and jnp.isfinite(weight)):
-    raise ValueError(f"weight must be finite and >= 0, got {float(weight)}")
+  weight = _check_weight(weight)
   cross_entropy, surrogate = _loss_terms(
       logits, labels, tau, temperature, correctness=correctness, band=_as_band(band),
       num_thresholds=num_thresholds, plus=plus)
   return cross_entropy + weight.astype(cross_entropy.dtype) * surrogate
+
+
+# ---------------------------------------------------------------------------
+# Reweighted cross-entropies and the soft AURC (Zhou et al., 2025).
+
+
+def _check_gamma(gamma: Any) -> jax.Array:
+  gamma = _validation.as_float_array(gamma, "gamma")
+  if gamma.ndim != 0:
+    raise ValueError(f"gamma must be a scalar, got shape {gamma.shape}")
+  # Concrete: checked; traced and negative or not finite: NaN (so is the loss).
+  return _validation.nan_if_invalid(gamma, _validation.check_nonnegative(gamma, "gamma"))
+
+
+def _check_weight(weight: Any) -> jax.Array:
+  weight = _validation.as_float_array(weight, "weight")
+  if weight.ndim != 0:
+    raise ValueError(f"weight must be a scalar, got shape {weight.shape}")
+  # Concrete: checked; traced and negative or not finite: NaN (so is the loss).
+  return _validation.nan_if_invalid(weight, _validation.check_nonnegative(weight, "weight"))
+
+
+@functools.partial(jax.jit, static_argnames=("inverse",))
+def _focal(logits, labels, gamma, *, inverse):
+  """Mean (inverse) focal loss over the samples axis, [...]."""
+  dtype = jnp.promote_types(logits.dtype, jnp.float32)
+  log_probs = jax.nn.log_softmax(logits.astype(dtype), axis=-1)
+  true_log_prob = jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+  if inverse:
+    log_base = jnp.log1p(jnp.exp(true_log_prob))  # log(1 + p_y)
+  else:
+    # log(1 - p_y) as the log-sum of the other classes' probabilities: finite
+    # (with finite gradients) even where p_y rounds to 1, as at logits ~1e4.
+    others = labels[..., None] != jnp.arange(log_probs.shape[-1])
+    log_base = jax.nn.logsumexp(log_probs, axis=-1, where=others)
+  # base^gamma as exp(gamma log base): exactly 1 at gamma = 0, and no
+  # 0^(gamma - 1) in the gradient when base = 0.
+  sample_weight = jnp.exp(gamma.astype(dtype) * log_base)
+  return -jnp.mean(sample_weight * true_log_prob, axis=-1)
+
+
+def focal_loss(logits: Any, labels: Any, *, gamma: Any) -> jax.Array:
+  """Mean focal loss: cross-entropy down-weighted on well-classified samples.
+
+  .. math::
+
+    \\ell = -\\frac{1}{n}\\sum_i (1 - p_{i y_i})^{\\gamma} \\log p_{i y_i},
+    \\qquad p_i = \\mathrm{softmax}(z_i).
+
+  At gamma = 0 this is the mean cross-entropy. The gradient flows through
+  the weight too (as in Lin et al.; nothing is detached). The weight is
+  computed as exp(gamma log(1 - p_y)) with log(1 - p_y) the log-sum-exp of
+  the other classes' log-probabilities, so values and gradients are finite
+  for logits of any finite magnitude, including p_y = 1 in float32.
+
+  Args:
+    logits: [..., n, K] unnormalised scores; leading axes are batch axes.
+    labels: [..., n] integer labels in [0, K).
+    gamma: scalar gamma >= 0 (may be traced).
+
+  Returns:
+    [...] loss (a scalar for [n, K] logits).
+
+  Raises:
+    ValueError: on concrete NaN/inf logits, bad labels or shapes, or gamma
+      negative or not finite. Inside a user's ``jit`` / ``vmap`` such values
+      give a NaN loss instead.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from cwsa_jax.losses import focal_loss
+    >>> logits, labels = jnp.array([[2.0, 0.0], [0.0, 1.0]]), jnp.array([0, 0])
+    >>> print(round(float(focal_loss(logits, labels, gamma=0.0)), 4))  # cross-entropy
+    0.7201
+    >>> print(round(float(focal_loss(logits, labels, gamma=2.0)), 4))
+    0.3518
+
+  References:
+    Lin, Goyal, Girshick, He & Dollar, "Focal loss for dense object
+    detection", ICCV 2017.
+    Mukhoti et al., "Calibrating deep neural networks using focal loss",
+    NeurIPS 2020.
+  """
+  logits, labels = _prepare(logits, labels)
+  return _focal(logits, labels, _check_gamma(gamma), inverse=False)
+
+
+def inverse_focal_loss(logits: Any, labels: Any, *, gamma: Any) -> jax.Array:
+  """Mean inverse focal loss: cross-entropy up-weighted on well-classified samples.
+
+  .. math::
+
+    \\ell = -\\frac{1}{n}\\sum_i (1 + p_{i y_i})^{\\gamma} \\log p_{i y_i},
+    \\qquad p_i = \\mathrm{softmax}(z_i).
+
+  At gamma = 0 this is the mean cross-entropy; the weight lies in
+  [1, 2^gamma] and, unlike the focal loss's, grows with p_y. This is the
+  definition of Zhou et al. (2025) (their ``InverseFocalLoss``; the gradient
+  flows through the weight), who relate its weighting to that of a
+  regularised AURC.
+
+  Args:
+    logits: [..., n, K] unnormalised scores; leading axes are batch axes.
+    labels: [..., n] integer labels in [0, K).
+    gamma: scalar gamma >= 0 (may be traced).
+
+  Returns:
+    [...] loss (a scalar for [n, K] logits).
+
+  Raises:
+    ValueError: as :func:`focal_loss`.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from cwsa_jax.losses import inverse_focal_loss
+    >>> logits, labels = jnp.array([[2.0, 0.0], [0.0, 1.0]]), jnp.array([0, 0])
+    >>> print(round(float(inverse_focal_loss(logits, labels, gamma=2.0)), 4))
+    1.2818
+
+  References:
+    Wang, Feng & Zhang, "Rethinking calibration of deep neural networks: do
+    not be afraid of overconfidence", NeurIPS 2021.
+    Zhou, Gruber, Popordanoska & Blaschko, "Revisiting reweighted risk for
+    calibration: AURC, focal loss, and inverse focal loss", arXiv:2505.23463,
+    2025.
+  """
+  logits, labels = _prepare(logits, labels)
+  return _focal(logits, labels, _check_gamma(gamma), inverse=True)
+
+
+def _soft_aurc(confidences: jax.Array, errors: jax.Array, temperature: jax.Array) -> jax.Array:
+  """Soft AURC [...] of confidences and errors [..., n] (see soft_aurc_loss)."""
+  n = confidences.shape[-1]
+  # An invalid traced T arrives as NaN (_soft._check_temperature): the loss and its
+  # gradient are then NaN, never a plausible number.
+  # [..., i, j]: sigmoid((c_j - c_i)/T), the soft indicator "j is more confident than i".
+  ahead = jax.nn.sigmoid((confidences[..., None, :] - confidences[..., :, None]) / temperature)
+  # The diagonal adds sigmoid(0) = 1/2, so this is 1 + the soft number of others ahead.
+  rank = 0.5 + jnp.sum(ahead, axis=-1)
+  harmonic_weight = jax.scipy.special.digamma(n + 1.0) - jax.scipy.special.digamma(rank)
+  return jnp.mean(errors * harmonic_weight, axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames=("correctness",))
+def _aurc_terms(logits, labels, temperature, *, correctness):
+  """(mean cross-entropy, soft AURC), each of shape [...]."""
+  dtype = jnp.promote_types(logits.dtype, jnp.float32)
+  log_probs = jax.nn.log_softmax(logits.astype(dtype), axis=-1)
+  confidences, correct, true_log_prob = _confidence_and_correct(log_probs, labels, correctness)
+  cross_entropy = -jnp.mean(true_log_prob, axis=-1)
+  return cross_entropy, _soft_aurc(confidences, 1.0 - correct, temperature.astype(dtype))
+
+
+def soft_aurc_loss(logits: Any, labels: Any, *, temperature: Any = 0.01,
+                   correctness: str = "probability") -> jax.Array:
+  """Soft AURC of the max-softmax confidence: sigmoid-relaxed ranks in the exact AURC.
+
+  Without ties, the step AURC (:func:`cwsa_jax.aurc`) is a rank-weighted mean
+  of the errors: sorting by decreasing confidence, the sample at rank r
+  (1 = most confident) is counted in the risks E_k/k of every k >= r, so
+
+  .. math::
+
+    \\mathrm{AURC} = \\frac{1}{n}\\sum_{k=1}^{n} \\frac{1}{k}\\sum_{r \\le k} e_{(r)}
+      = \\frac{1}{n}\\sum_i e_i \\bigl(\\psi(n + 1) - \\psi(r_i)\\bigr),
+    \\qquad \\psi(n + 1) - \\psi(r) = \\sum_{k=r}^{n} \\frac{1}{k}.
+
+  The soft AURC replaces each rank by the sigmoid-relaxed rank
+
+  .. math::
+
+    \\tilde r_i = 1 + \\sum_{j \\ne i} \\sigma\\Bigl(\\frac{c_j - c_i}{T}\\Bigr),
+    \\qquad c_i = \\max_k \\mathrm{softmax}(z_i)_k,
+
+  and the weight by the digamma function at the real rank. The relaxed ranks
+  always sum to n(n + 1)/2 and form a point of the permutahedron, so (the
+  weight being convex in r) the soft AURC lies in [0, 1] like the hard one.
+  As T -> 0, r~_i tends to the exact rank wherever no two confidences tie,
+  and with ``correctness="hard"`` the soft AURC tends to the step AURC of
+  the batch (tied confidences get their mid-rank instead of the step
+  convention's tie grouping). The errors are
+
+  * ``"probability"`` (default): e_i = 1 - p_{i, y_i}, so the gradient also
+    moves probability mass to the true class;
+  * ``"hard"``: e_i = stop_gradient(1[argmax_i != y_i]); the gradient flows
+    through the ranks (the confidences) only.
+
+  Cost: O(n^2) time and memory per batch (an [n, n] matrix of pairwise
+  sigmoids), fine for training batches of a few thousand. Zhou et al. (2025)
+  optimise a regularised AURC with a SoftRank (fast-soft-sort) relaxation and
+  the cross-entropy as the per-sample loss; the pairwise sigmoid relaxation
+  here keeps the exact AURC as its T -> 0 limit.
+
+  Args:
+    logits: [..., n, K] unnormalised scores; leading axes are batch axes.
+    labels: [..., n] integer labels in [0, K).
+    temperature: T > 0 of the pairwise sigmoids, in confidence units
+      (default 0.01; may be traced).
+    correctness: ``"probability"`` (default) or ``"hard"``.
+
+  Returns:
+    [...] soft AURC in [0, 1] (a scalar for [n, K] logits); lower is better.
+
+  Raises:
+    ValueError: on concrete NaN/inf logits, bad labels or shapes, temperature
+      <= 0 or not finite, or an unknown ``correctness``. Inside a user's
+      ``jit`` / ``vmap`` such values give a NaN loss (and NaN gradients).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import cwsa_jax as cw
+    >>> from cwsa_jax.losses import soft_aurc_loss
+    >>> logits = jnp.array([[4.0, 0.0, 0.0], [0.0, 3.0, 0.0], [1.0, 1.2, 0.0]])
+    >>> labels = jnp.array([0, 1, 0])
+    >>> soft = soft_aurc_loss(logits, labels, temperature=1e-4, correctness="hard")
+    >>> hard = cw.aurc(*cw.confidences_from_logits(logits, labels))
+    >>> print(round(float(soft), 4), round(float(hard), 4))
+    0.1111 0.1111
+    >>> print(round(float(soft_aurc_loss(logits, labels)), 4))
+    0.1149
+
+  References:
+    Geifman, Uziel & El-Yaniv, "Bias-reduced uncertainty estimation for deep
+    neural classifiers", ICLR 2019 (AURC, E-AURC).
+    Zhou, Gruber, Popordanoska & Blaschko, "Revisiting reweighted risk for
+    calibration: AURC, focal loss, and inverse focal loss", arXiv:2505.23463,
+    2025.
+  """
+  _check_options(correctness, None, _soft.DEFAULT_BAND_THRESHOLDS)
+  logits, labels = _prepare(logits, labels)
+  temperature = _soft._check_temperature(temperature)
+  _, soft = _aurc_terms(logits, labels, temperature, correctness=correctness)
+  return soft
+
+
+def soft_aurc_regularized_loss(logits: Any, labels: Any, *, weight: Any = 1.0,
+                               temperature: Any = 0.01,
+                               correctness: str = "probability") -> jax.Array:
+  """Mean cross-entropy plus ``weight`` x the soft AURC of the max-softmax confidence.
+
+  .. math::
+
+    \\ell = -\\frac{1}{n}\\sum_i \\log \\mathrm{softmax}(z_i)_{y_i}
+      + w\\,\\mathrm{softAURC}_T(c, e),
+
+  with the soft AURC of :func:`soft_aurc_loss` (errors e chosen by
+  ``correctness``). Zhou et al. (2025) minimise (1 - w) CE + w x (a
+  rank-weighted CE); here the regulariser is the soft AURC itself, in the
+  shape of :func:`cwsa_regularized_loss`.
+
+  Args:
+    logits: [..., n, K] unnormalised scores; leading axes are batch axes.
+    labels: [..., n] integer labels in [0, K).
+    weight: w >= 0 (0 gives plain cross-entropy; may be traced).
+    temperature: T > 0 of the pairwise sigmoids (default 0.01).
+    correctness: ``"probability"`` (default) or ``"hard"``.
+
+  Returns:
+    [...] loss (a scalar for [n, K] logits).
+
+  Raises:
+    ValueError: as :func:`soft_aurc_loss`, or weight negative or not finite.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from cwsa_jax.losses import soft_aurc_regularized_loss
+    >>> logits = jnp.array([[4.0, 0.0, 0.0], [0.0, 3.0, 0.0], [1.0, 1.2, 0.0]])
+    >>> labels = jnp.array([0, 1, 0])
+    >>> print(round(float(soft_aurc_regularized_loss(logits, labels, weight=0.0)), 4))
+    0.3608
+  """
+  _check_options(correctness, None, _soft.DEFAULT_BAND_THRESHOLDS)
+  logits, labels = _prepare(logits, labels)
+  temperature = _soft._check_temperature(temperature)
+  weight = _check_weight(weight)
+  cross_entropy, soft = _aurc_terms(logits, labels, temperature, correctness=correctness)
+  return cross_entropy + weight.astype(cross_entropy.dtype) * soft

@@ -44,6 +44,23 @@ devices, and JAX's own collectives do the reduction. Calling
 
 Inside a user's ``jit`` the value checks cannot raise; a batch with NaN or
 out-of-range values marks the state invalid and ``compute`` returns NaN.
+
+clu's ``Metric`` protocol: ``configure(...)`` returns a subclass holding the
+options (thresholds, bins), whose ``empty()`` takes no arguments and whose
+``from_model_output(**outputs)`` takes ``confidences=``/``correct=`` or
+``logits=``/``labels=`` (optional ``mask=``, other outputs ignored), so a
+``clu.metrics.Collection`` can hold the states:
+
+.. code-block:: python
+
+  Metrics = clu.metrics.Collection.create(
+      sweep=SweepState.configure(thresholds=thresholds),
+      ece=CalibrationState.configure(num_bins=15), aurc=RiskCoverageState)
+  metrics = Metrics.empty()
+  metrics = metrics.merge(Metrics.single_from_model_output(logits=logits, labels=labels))
+  metrics.compute()  # {"sweep": SweepResult, "ece": ..., "aurc": BinnedRiskCoverage}
+
+``cwsa_jax.nnx`` wraps the same states as ``flax.nnx`` metrics.
 """
 
 from __future__ import annotations
@@ -57,6 +74,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cwsa_jax import _calibration
+from cwsa_jax import _confidence
 from cwsa_jax import _exact
 from cwsa_jax import _stats
 from cwsa_jax import _sweep
@@ -86,10 +104,21 @@ def _batched(fn: Callable, ndim: int, in_axes) -> Callable:
   return fn
 
 
+_NO_GRADIENT = (
+    "streaming states hold exact integer sums and have no derivative; differentiate "
+    "cwsa_jax.sweep / cwsa / ece (exact almost everywhere) or soft_cwsa (relaxed) instead")
+
+
 def _prepare_batch(confidences: Any, correct: Any, mask: Any):
-  """Validated float32 confidences, correctness and optional bool mask [..., n]."""
+  """Validated float32 confidences, correctness and optional bool mask [..., n].
+
+  Traced invalid values (integer correctness other than 0/1 included, checked
+  before the cast to bool) make the row's confidences NaN, which the state
+  kernels record in ``invalid``. The states hold exact integer sums with no
+  derivative: differentiating through ``from_batch`` raises ``TypeError``.
+  """
   c = _validation.as_float_array(confidences, "confidences")
-  k = _validation.as_correct(correct)
+  k = _validation.correct_array(correct)
   if mask is not None:
     mask = jnp.asarray(mask)
     if mask.dtype != jnp.bool_:
@@ -99,10 +128,12 @@ def _prepare_batch(confidences: Any, correct: Any, mask: Any):
     # Padding may hold anything; only the kept samples are checked and summed.
     c = jnp.where(mask, c, 0.0)
     k = jnp.where(mask, k, jnp.zeros((), k.dtype))
-  _validation.check_samples(c, k)
-  if k.dtype != jnp.bool_:
-    _validation.check_finite_in_unit_interval(k, "correct")
-  return c.astype(jnp.float32), k, mask
+  invalid = _validation.check_samples(c, k)
+  c = _validation.poison(c.astype(jnp.float32), rows=invalid)
+  k = _validation.convert_correct(k)
+  c = _validation.refuse_gradient(c, _NO_GRADIENT)
+  k = _validation.refuse_gradient(k, _NO_GRADIENT)
+  return c, k, mask
 
 
 def _check_same(a: jax.Array, b: jax.Array, what: str) -> None:
@@ -114,6 +145,35 @@ def _check_same(a: jax.Array, b: jax.Array, what: str) -> None:
 
 def _sum_leading(x: jax.Array) -> jax.Array:
   return jnp.sum(x, axis=0)
+
+
+def _configured(cls: type, **options: Any) -> type:
+  """The subclass of the state class ``cls`` with class options ``options`` (one per options)."""
+  return _configured_class(cls, tuple(sorted(options.items())))
+
+
+@functools.lru_cache(maxsize=None)
+def _configured_class(cls: type, options: tuple) -> type:
+  namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+               "__doc__": cls.__doc__, **dict(options)}
+  sub = dataclasses.dataclass(frozen=True)(type(cls.__name__, (cls,), namespace))
+  fields = dataclasses.fields(sub)
+  return jax.tree_util.register_dataclass(
+      sub, data_fields=[f.name for f in fields if not f.metadata.get("static")],
+      meta_fields=[f.name for f in fields if f.metadata.get("static")])
+
+
+def _model_outputs(owner: str, confidences: Any, correct: Any, logits: Any, labels: Any):
+  """(confidences, correct) from ``confidences=``/``correct=`` or else ``logits=``/``labels=``."""
+  if confidences is not None or correct is not None:
+    if confidences is None or correct is None:
+      raise TypeError(f"{owner}.from_model_output needs both confidences= and correct= "
+                      f"(got only {'confidences' if correct is None else 'correct'}=)")
+    return confidences, correct
+  if logits is None or labels is None:
+    raise TypeError(f"{owner}.from_model_output needs confidences= and correct=, "
+                    "or logits= and labels=")
+  return _confidence.confidences_from_logits(logits, labels)
 
 
 # --------------------------------------------------------------------------- sweep
@@ -156,30 +216,93 @@ class SweepState:
   lo: jax.Array
   invalid: jax.Array
 
+  # Class options (not fields), set by configure().
+  _thresholds = None
+  _graded = False
+  _normalize = "retained"
+
   @classmethod
-  def empty(cls, thresholds: Any, *, graded: bool = False) -> "SweepState":
-    """The state of no samples (the identity of :meth:`merge`)."""
-    t = _validation.as_thresholds(thresholds)
+  def configure(cls, *, thresholds: Any, graded: bool = False,
+                normalize: str = "retained") -> type[SweepState]:
+    """A subclass with fixed thresholds, for clu's ``Collection`` and ``cwsa_jax.nnx``.
+
+    clu's ``Metric`` protocol: its :meth:`empty` takes no arguments,
+    :meth:`from_model_output` builds the state of a batch from the model's
+    outputs, :meth:`compute` uses ``normalize`` (as clu's
+    ``Metric.from_output`` makes a configured class). The same options give
+    the same class.
+
+    Args:
+      thresholds: [T] thresholds in [0, 1).
+      graded: correctness is graded (kappa in [0, 1]); boolean correctness
+        is then counted as 0/1. Default: boolean correctness.
+      normalize: ``"retained"`` or ``"all"``, as in :func:`~cwsa_jax.sweep`.
+
+    Examples:
+      >>> Sweep = SweepState.configure(thresholds=[0.5, 0.7])
+      >>> batch = Sweep.from_model_output(confidences=np.array([0.9, 0.6]),
+      ...                                 correct=np.array([True, False]), loss=0.3)
+      >>> print([round(float(x), 4) for x in Sweep.empty().merge(batch).compute().coverage])
+      [1.0, 0.5]
+    """
+    t = np.asarray(_validation.as_thresholds(thresholds))
+    _stats.check_normalize(normalize)
+    return _configured(cls, _thresholds=tuple(t.tolist()), _graded=bool(graded),
+                       _normalize=normalize)
+
+  @classmethod
+  def _class_thresholds(cls) -> np.ndarray:
+    if cls._thresholds is None:
+      raise TypeError(f"{cls.__name__} needs thresholds: pass them, or make a class that holds them "
+                      "with SweepState.configure(thresholds=...)")
+    return np.asarray(cls._thresholds, np.float32)
+
+  @classmethod
+  def empty(cls, thresholds: Any = None, *, graded: bool | None = None) -> SweepState:
+    """The state of no samples (the identity of :meth:`merge`).
+
+    ``thresholds`` and ``graded`` default to the class's (:meth:`configure`).
+    """
+    t = _validation.as_thresholds(cls._class_thresholds() if thresholds is None else thresholds)
+    graded = cls._graded if graded is None else graded
     width = _GRADED_WIDTH if graded else _BINARY_WIDTH
     zeros = jnp.zeros((t.shape[0] + 1, width), jnp.int32)
     return cls(t, zeros, zeros, jnp.zeros((), bool))
 
   @classmethod
-  def from_batch(cls, confidences: Any, correct: Any, thresholds: Any, *,
-                 mask: Any = None) -> "SweepState":
+  def from_batch(cls, confidences: Any, correct: Any, thresholds: Any = None, *,
+                 mask: Any = None) -> SweepState:
     """The state of one batch [..., n] (leading axes are kept as batch axes of the state).
 
     Args:
       confidences: [..., n] confidences in [0, 1].
       correct: [..., n] boolean correctness or graded kappa in [0, 1].
-      thresholds: [T] thresholds in [0, 1).
+      thresholds: [T] thresholds in [0, 1) (default: the class's, :meth:`configure`).
       mask: optional bool [..., n]; samples with False are ignored (padding).
     """
-    t = _validation.as_thresholds(thresholds)
+    t = _validation.as_thresholds(cls._class_thresholds() if thresholds is None else thresholds)
     c, k, mask = _prepare_batch(confidences, correct, mask)
+    if cls._graded:
+      k = k.astype(jnp.float32)
     fn = _batched(_sweep_state_1d, c.ndim - 1, (0, 0, None, None if mask is None else 0))
     hi, lo, invalid = fn(c, k, t, mask)
     return cls(t, hi, lo, invalid)
+
+  @classmethod
+  def from_model_output(cls, *, confidences: Any = None, correct: Any = None, logits: Any = None,
+                        labels: Any = None, mask: Any = None, **_: Any) -> SweepState:
+    """The state of one batch of model outputs at the class's thresholds (clu's protocol).
+
+    Args:
+      confidences, correct: [..., n] confidences and correctness, as in
+        :meth:`from_batch`; or else
+      logits, labels: [..., n, K] logits and [..., n] integer labels, turned
+        into confidences by :func:`~cwsa_jax.confidences_from_logits`.
+      mask: optional bool [..., n]; samples with False are ignored.
+      **_: other model outputs (a loss, ...), ignored.
+    """
+    c, k = _model_outputs(cls.__name__, confidences, correct, logits, labels)
+    return cls.from_batch(c, k, mask=mask)
 
   @property
   def graded(self) -> bool:
@@ -196,7 +319,10 @@ class SweepState:
   def reduce(self) -> "SweepState":
     """Merges the states stacked along the leading axis (e.g. from ``jax.vmap`` over batches)."""
     hi, lo = _exact.canonical(_sum_leading(self.hi), _sum_leading(self.lo))
-    return dataclasses.replace(self, hi=hi, lo=lo, invalid=jnp.any(self.invalid, axis=0))
+    # Stacked with the sums (jax.vmap, clu's all_gather), the thresholds are repeated: keep one.
+    t = self.thresholds[0] if self.thresholds.ndim > 1 else self.thresholds
+    return dataclasses.replace(self, thresholds=t, hi=hi, lo=lo,
+                               invalid=jnp.any(self.invalid, axis=0))
 
   def psum(self, axis_name: Any) -> "SweepState":
     """All-reduces the state over a mapped axis (inside ``shard_map`` / ``pmap``)."""
@@ -204,12 +330,15 @@ class SweepState:
     invalid = jax.lax.psum(self.invalid.astype(jnp.int32), axis_name) > 0
     return dataclasses.replace(self, hi=hi, lo=lo, invalid=invalid)
 
-  def compute(self, *, normalize: str = "retained") -> _sweep.SweepResult:
+  def compute(self, *, normalize: str | None = None) -> _sweep.SweepResult:
     """The :class:`~cwsa_jax.SweepResult` of every sample merged into this state.
 
+    ``normalize`` (``"retained"`` or ``"all"``, see :func:`~cwsa_jax.sweep`)
+    defaults to the class's, ``"retained"`` unless :meth:`configure` set it.
     A state with no samples gives coverage NaN (0/0), CWSA 0 and selective
     accuracy NaN.
     """
+    normalize = type(self)._normalize if normalize is None else normalize
     _stats.check_normalize(normalize)
     lead = self.hi.ndim - 2
     fn = _batched(_sweep_compute, lead, (None, 0, 0, 0))
@@ -252,21 +381,45 @@ class CalibrationState:
   lo: jax.Array
   invalid: jax.Array
 
+  # Class options (not fields), set by configure().
+  _num_bins = 15
+  _norm = "l1"
+
   @classmethod
-  def empty(cls, num_bins: int = 15) -> "CalibrationState":
+  def configure(cls, *, num_bins: int = 15, norm: str = "l1") -> type[CalibrationState]:
+    """A subclass with ``num_bins`` bins whose :meth:`compute` uses ``norm`` (clu's protocol).
+
+    Its :meth:`empty` takes no arguments and :meth:`from_model_output` builds
+    the state of a batch of model outputs; see :meth:`SweepState.configure`.
+    """
+    _calibration._check_options(num_bins, "width", norm)
+    return _configured(cls, _num_bins=int(num_bins), _norm=norm)
+
+  @classmethod
+  def empty(cls, num_bins: int | None = None) -> CalibrationState:
+    """The state of no samples; ``num_bins`` defaults to the class's (15 unless configured)."""
+    num_bins = cls._num_bins if num_bins is None else num_bins
     _calibration._check_options(num_bins, "width")
     zeros = jnp.zeros((int(num_bins), _CAL_WIDTH), jnp.int32)
     return cls(zeros, zeros, jnp.zeros((), bool))
 
   @classmethod
-  def from_batch(cls, confidences: Any, correct: Any, *, num_bins: int = 15,
-                 mask: Any = None) -> "CalibrationState":
+  def from_batch(cls, confidences: Any, correct: Any, *, num_bins: int | None = None,
+                 mask: Any = None) -> CalibrationState:
     """The state of one batch [..., n]; ``mask`` False marks padding."""
+    num_bins = cls._num_bins if num_bins is None else num_bins
     _calibration._check_options(num_bins, "width")
     c, k, mask = _prepare_batch(confidences, correct, mask)
     fn = _batched(functools.partial(_calibration_state_1d, num_bins=int(num_bins)), c.ndim - 1,
                   (0, 0, None if mask is None else 0))
     return cls(*fn(c, k, mask))
+
+  @classmethod
+  def from_model_output(cls, *, confidences: Any = None, correct: Any = None, logits: Any = None,
+                        labels: Any = None, mask: Any = None, **_: Any) -> CalibrationState:
+    """The state of one batch of model outputs (clu's protocol); see :meth:`SweepState.from_model_output`."""
+    c, k = _model_outputs(cls.__name__, confidences, correct, logits, labels)
+    return cls.from_batch(c, k, mask=mask)
 
   @property
   def num_bins(self) -> int:
@@ -275,18 +428,23 @@ class CalibrationState:
   def merge(self, other: "CalibrationState") -> "CalibrationState":
     _check_same(jnp.zeros(self.hi.shape[-2:-1]), jnp.zeros(other.hi.shape[-2:-1]), "numbers of bins")
     hi, lo = _exact.add((self.hi, self.lo), (other.hi, other.lo))
-    return CalibrationState(hi, lo, self.invalid | other.invalid)
+    return dataclasses.replace(self, hi=hi, lo=lo, invalid=self.invalid | other.invalid)
 
   def reduce(self) -> "CalibrationState":
     hi, lo = _exact.canonical(_sum_leading(self.hi), _sum_leading(self.lo))
-    return CalibrationState(hi, lo, jnp.any(self.invalid, axis=0))
+    return dataclasses.replace(self, hi=hi, lo=lo, invalid=jnp.any(self.invalid, axis=0))
 
   def psum(self, axis_name: Any) -> "CalibrationState":
     hi, lo = _exact.canonical(jax.lax.psum(self.hi, axis_name), jax.lax.psum(self.lo, axis_name))
-    return CalibrationState(hi, lo, jax.lax.psum(self.invalid.astype(jnp.int32), axis_name) > 0)
+    return dataclasses.replace(
+        self, hi=hi, lo=lo, invalid=jax.lax.psum(self.invalid.astype(jnp.int32), axis_name) > 0)
 
-  def compute(self, *, norm: str = "l1") -> jax.Array:
-    """ECE (``"l1"``), RMS calibration error (``"l2"``) or MCE (``"max"``); see :func:`~cwsa_jax.ece`."""
+  def compute(self, *, norm: str | None = None) -> jax.Array:
+    """ECE (``"l1"``), RMS calibration error (``"l2"``) or MCE (``"max"``); see :func:`~cwsa_jax.ece`.
+
+    ``norm`` defaults to the class's, ``"l1"`` unless :meth:`configure` set it.
+    """
+    norm = type(self)._norm if norm is None else norm
     _calibration._check_options(self.num_bins, "width", norm)
     fn = _batched(functools.partial(_calibration_error, norm=norm), self.hi.ndim - 2, (0, 0, 0))
     return fn(self.hi, self.lo, self.invalid)
@@ -436,22 +594,44 @@ class RiskCoverageState:
   invalid: jax.Array
   mantissa_bits: int = dataclasses.field(default=8, metadata=dict(static=True))
 
+  # Class option (not a field), set by configure().
+  _mantissa_bits = 8
+
   @classmethod
-  def empty(cls, *, mantissa_bits: int = 8) -> "RiskCoverageState":
+  def configure(cls, *, mantissa_bits: int = 8) -> type[RiskCoverageState]:
+    """A subclass whose bins have ``mantissa_bits`` (clu's protocol; see :meth:`SweepState.configure`).
+
+    The unconfigured class already follows the protocol with the default 8 bits.
+    """
+    _num_rc_bins(mantissa_bits)
+    return _configured(cls, _mantissa_bits=int(mantissa_bits))
+
+  @classmethod
+  def empty(cls, *, mantissa_bits: int | None = None) -> RiskCoverageState:
+    """The state of no samples; ``mantissa_bits`` defaults to the class's (8 unless configured)."""
+    mantissa_bits = cls._mantissa_bits if mantissa_bits is None else mantissa_bits
     bins = _num_rc_bins(mantissa_bits)
     zeros = jnp.zeros((bins, _RC_WIDTH), jnp.int32)
     return cls(zeros, zeros, jnp.full((bins,), _EMPTY_MIN, jnp.int32),
                jnp.full((bins,), -1, jnp.int32), jnp.zeros((), bool), mantissa_bits)
 
   @classmethod
-  def from_batch(cls, confidences: Any, correct: Any, *, mantissa_bits: int = 8,
-                 mask: Any = None) -> "RiskCoverageState":
+  def from_batch(cls, confidences: Any, correct: Any, *, mantissa_bits: int | None = None,
+                 mask: Any = None) -> RiskCoverageState:
     """The state of one batch [..., n]; ``mask`` False marks padding."""
+    mantissa_bits = cls._mantissa_bits if mantissa_bits is None else mantissa_bits
     _num_rc_bins(mantissa_bits)
     c, k, mask = _prepare_batch(confidences, correct, mask)
     fn = _batched(functools.partial(_rc_state_1d, mantissa_bits=mantissa_bits), c.ndim - 1,
                   (0, 0, None if mask is None else 0))
     return cls(*fn(c, k, mask), mantissa_bits)
+
+  @classmethod
+  def from_model_output(cls, *, confidences: Any = None, correct: Any = None, logits: Any = None,
+                        labels: Any = None, mask: Any = None, **_: Any) -> RiskCoverageState:
+    """The state of one batch of model outputs (clu's protocol); see :meth:`SweepState.from_model_output`."""
+    c, k = _model_outputs(cls.__name__, confidences, correct, logits, labels)
+    return cls.from_batch(c, k, mask=mask)
 
   def merge(self, other: "RiskCoverageState") -> "RiskCoverageState":
     if other.mantissa_bits != self.mantissa_bits:
@@ -559,7 +739,8 @@ def evaluate_batches(batches: Iterable, thresholds: Any, *, num_bins: int = 15,
   Every batch is ``(confidences, correct)`` with shape [b] each (NumPy or JAX
   arrays). Batches smaller than the first are padded to its size with a mask,
   so a ragged last batch costs no recompilation. Shows a progress bar
-  (``tqdm``) with ``total`` batches when known.
+  with ``total`` batches when known if ``tqdm`` is installed (it is optional:
+  in the ``[train]`` extra, not in the core install); else none.
 
   Returns:
     :class:`EvaluationResult` whose ``sweep`` equals :func:`~cwsa_jax.sweep` on
@@ -618,6 +799,6 @@ def _progress_bar(total: int | None, enabled: bool):
     return None
   try:
     from tqdm.auto import tqdm
-  except ImportError:  # pragma: no cover - tqdm ships with tensorflow-datasets
+  except ImportError:  # tqdm is optional (not a core dependency): no progress bar
     return None
   return tqdm(total=total, desc="evaluate", unit="batch", leave=False)

@@ -228,8 +228,15 @@ def test_evaluate_refuses_an_existing_output_directory(tmp_path, capsys, csv_fil
   assert code == 2 and len(err.strip().splitlines()) == 1
   assert "already exists" in err and "--force" in err
   assert (out / "keep.txt").read_text() == "earlier results"
+  # --force replaces only a folder of cwsa-jax's own: keep.txt is not (tests/test_output_safety.py).
+  code = cli.main(["evaluate", str(csv_file), "--out", str(out), "--no-figures", "--force"])
+  err = capsys.readouterr().err
+  assert code == 2 and len(err.strip().splitlines()) == 1 and "keep.txt" in err
+  assert (out / "keep.txt").read_text() == "earlier results"
+  (out / "keep.txt").unlink()
+  run_ok(["evaluate", csv_file, "--out", out, "--no-figures"], capsys)  # empty: no --force needed
   run_ok(["evaluate", csv_file, "--out", out, "--no-figures", "--force"], capsys)
-  assert not (out / "keep.txt").exists() and (out / "metrics.json").is_file()
+  assert (out / "metrics.json").is_file()
   assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "preds.csv"]
 
 
@@ -625,7 +632,10 @@ def test_compare_paired_difference_interval_and_p_value(tmp_path, capsys, pair):
   out = tmp_path / "cmp.json"
   stdout = run_ok(["compare", a, b, "--bootstrap", "300", "--out", out], capsys)
   assert "A - B" in stdout and "aurc" in stdout
+  # Neither file has labels: compare says it cannot check that the test sets match.
+  assert f"note: {a} and {b} hold no labels" in stdout and "cannot check" in stdout
   r = json.loads(out.read_text())
+  assert r["labels_checked"] is False
   assert r["n"] == N and r["num_resamples"] == 300
   want = ref_aurc_step(ca, oka) - ref_aurc_step(cb, okb)
   assert r["difference"]["aurc"] == pytest.approx(want, abs=2e-6)
@@ -633,7 +643,7 @@ def test_compare_paired_difference_interval_and_p_value(tmp_path, capsys, pair):
   assert r["low"]["aurc"] > 0 and r["p_value"]["aurc"] < 0.01  # B ranks far better
   assert r["difference"]["accuracy"] == 0 and r["p_value"]["accuracy"] == 1  # same correctness
   same = tmp_path / "same.json"
-  run_ok(["compare", a, a, "--bootstrap", "50", "--out", same], capsys)
+  run_ok(["compare", a, a, "--bootstrap", "300", "--out", same], capsys)
   s = json.loads(same.read_text())
   assert all(v == 0 for v in s["difference"]["cwsa"]) and s["p_value"]["aurc"] == 1
 

@@ -1,4 +1,4 @@
-"""Tests for training.data: local formats, cache, tfds path, preprocessing, batches.
+"""Tests for cwsa_jax.training.data: local formats, cache, tfds path, preprocessing, batches.
 
 Fixture files of every format are written here with code that shares nothing
 with the loaders (struct/gzip/pickle/tarfile/Pillow directly). The real copies
@@ -27,12 +27,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from training import _formats
-from training import data
-from training.data import CIFAR10_CLASSES
-from training.data import DataError
-from training.data import DataFileNotFoundError
-from training.data import load_dataset
+from cwsa_jax.training import _formats
+from cwsa_jax.training import data
+from cwsa_jax.training.data import CIFAR10_CLASSES
+from cwsa_jax.training.data import DataError
+from cwsa_jax.training.data import DataFileNotFoundError
+from cwsa_jax.training.data import load_dataset
 
 MNIST_MD5 = {  # shared/data/README.md, md5 of the uncompressed bytes
     "train-images-idx3-ubyte.gz": "6bbc9ace898e44ae57da46a324031adb",

@@ -292,3 +292,210 @@ def test_bad_input_raises(kwargs, match):
   logits, labels = args.pop("logits"), args.pop("labels")
   with pytest.raises(ValueError, match=match):
     cwsa_regularized_loss(logits, labels, **args)
+
+
+# ---------------------------------------------------------------------------
+# Focal, inverse focal and soft AURC losses.
+
+import scipy.special  # noqa: E402  (a jax dependency: the float64 digamma reference)
+
+import cwsa_jax as cw  # noqa: E402
+from cwsa_jax.losses import (  # noqa: E402
+    focal_loss, inverse_focal_loss, soft_aurc_loss, soft_aurc_regularized_loss)
+
+
+def focal_reference(logits, labels, gamma, inverse=False):
+  p_true = np.exp(log_softmax64(logits)[np.arange(len(labels)), np.asarray(labels)])
+  base = 1.0 + p_true if inverse else 1.0 - p_true
+  return float(np.mean(-(base**gamma) * np.log(p_true)))
+
+
+def step_aurc_reference(confidences, errors):
+  """Mean over k of the error rate of the k most confident (no ties)."""
+  order = np.argsort(-np.asarray(confidences, np.float64), kind="stable")
+  e = np.asarray(errors, np.float64)[order]
+  return float(np.mean(np.cumsum(e) / np.arange(1, e.size + 1)))
+
+
+def soft_aurc_reference(logits, labels, temperature, correctness="probability"):
+  log_p = log_softmax64(logits)
+  labels = np.asarray(labels)
+  c = np.exp(log_p.max(-1))
+  if correctness == "hard":
+    errors = (log_p.argmax(-1) != labels).astype(np.float64)
+  else:
+    errors = 1.0 - np.exp(log_p[np.arange(labels.size), labels])
+  n = c.size
+  rank = np.empty(n)
+  for i in range(n):  # 1 + soft number of others that are more confident
+    others = np.delete(c, i)
+    rank[i] = 1.0 + np.sum(scipy.special.expit((others - c[i]) / temperature))
+  weight = scipy.special.digamma(n + 1) - scipy.special.digamma(rank)
+  return float(np.mean(errors * weight))
+
+
+_focal_jit = jax.jit(focal_loss)  # gamma and temperature traced: one compilation each
+_inverse_focal_jit = jax.jit(inverse_focal_loss)
+_soft_aurc_jit = jax.jit(soft_aurc_loss, static_argnames=("correctness",))
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 1.0, 3.0])
+def test_focal_losses_match_float64_reference(gamma):
+  logits, labels = random_logits(20)
+  for fn, inverse in ((_focal_jit, False), (_inverse_focal_jit, True)):
+    got = float(fn(logits, labels, gamma=gamma))
+    ref = focal_reference(logits, labels, gamma, inverse)
+    assert abs(got - ref) <= 2e-6 * max(1.0, ref), (fn.__name__, got, ref)
+
+
+def test_focal_losses_at_gamma_zero_are_optax_cross_entropy():
+  logits, labels = random_logits(21)
+  expected = float(optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean())
+  assert abs(float(focal_loss(logits, labels, gamma=0.0)) - expected) <= 1e-6
+  assert abs(float(inverse_focal_loss(logits, labels, gamma=0.0)) - expected) <= 1e-6
+  # Focal weights are <= 1 and inverse focal weights >= 1.
+  assert float(focal_loss(logits, labels, gamma=2.0)) < expected
+  assert float(inverse_focal_loss(logits, labels, gamma=2.0)) > expected
+
+
+def test_focal_traced_gamma_and_batch_axes():
+  rng = np.random.default_rng(22)
+  logits = (3 * rng.normal(size=(3, 20, 4))).astype(np.float32)
+  labels = rng.integers(0, 4, (3, 20)).astype(np.int32)
+  traces = []
+
+  @jax.jit
+  def f(gamma):
+    traces.append(1)
+    return focal_loss(logits, labels, gamma=gamma)
+
+  for gamma in (0.0, 1.0, 2.5):
+    rows = [focal_reference(logits[i], labels[i], gamma) for i in range(3)]
+    np.testing.assert_allclose(np.asarray(f(gamma)), rows, rtol=2e-6)
+  assert len(traces) == 1
+
+
+@pytest.mark.parametrize("seed", [23, 24, 25])
+def test_soft_aurc_hard_tends_to_exact_aurc(seed):
+  logits, labels = random_logits(seed, n=64, num_classes=5)
+  confidences, correct = cw.confidences_from_logits(logits, labels)
+  c64 = np.sort(np.asarray(confidences, np.float64))
+  gap = np.min(np.diff(c64))
+  assert gap > 1e-6  # no ties: the step AURC is the mean of the risks E_k / k
+  exact = step_aurc_reference(confidences, ~np.asarray(correct))
+  assert abs(float(cw.aurc(confidences, correct)) - exact) <= 1e-6
+  errors = [abs(float(soft_aurc_loss(logits, labels, temperature=t, correctness="hard")) - exact)
+            for t in (1e-1, 1e-2, 1e-3, gap / 40)]
+  assert errors[-1] <= 2e-6, errors
+  assert errors[0] > 10 * errors[-1], errors  # the relaxation is not exact at large T
+
+
+@pytest.mark.parametrize("correctness", ["probability", "hard"])
+@pytest.mark.parametrize("temperature", [0.3, 0.02, 1e-3])
+def test_soft_aurc_matches_float64_reference(correctness, temperature):
+  logits, labels = random_logits(26, n=48)
+  got = float(_soft_aurc_jit(logits, labels, temperature=temperature, correctness=correctness))
+  ref = soft_aurc_reference(logits, labels, temperature, correctness)
+  assert abs(got - ref) <= 5e-6, (got, ref)
+  assert 0.0 <= got <= 1.0
+
+
+def test_soft_aurc_bounds_and_batch_axes():
+  rng = np.random.default_rng(27)
+  logits = (3 * rng.normal(size=(3, 30, 4))).astype(np.float32)
+  wrong = ((logits.argmax(-1) + 1) % 4).astype(np.int32)
+  # Every prediction wrong: the hard errors are all 1 and the AURC is 1. The
+  # relaxed ranks are majorised by the exact ones, so the soft AURC stays <= 1
+  # and rises to 1 as T -> 0.
+  values = []
+  for temperature in (10.0, 0.1, 1e-3, 1e-7):
+    got = np.asarray(soft_aurc_loss(logits, wrong, temperature=temperature, correctness="hard"))
+    assert got.shape == (3,)
+    values.append(got)
+    np.testing.assert_allclose(got, [soft_aurc_reference(logits[i], wrong[i], temperature, "hard")
+                                     for i in range(3)], atol=5e-6)
+  values = np.array(values)
+  assert np.all(values <= 1.0 + 1e-6) and np.all(np.diff(values, axis=0) > 0)
+  np.testing.assert_allclose(values[-1], 1.0, atol=2e-5)
+  labels = rng.integers(0, 4, (3, 30)).astype(np.int32)
+  batched = np.asarray(soft_aurc_loss(logits, labels))
+  rows = [soft_aurc_reference(logits[i], labels[i], 0.01) for i in range(3)]
+  np.testing.assert_allclose(batched, rows, atol=5e-6)
+
+
+def test_soft_aurc_regularized_decomposition():
+  logits, labels = random_logits(28)
+  ce = float(optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean())
+  assert abs(float(soft_aurc_regularized_loss(logits, labels, weight=0.0)) - ce) <= 1e-6
+  for correctness in ("probability", "hard"):
+    total = float(soft_aurc_regularized_loss(logits, labels, weight=0.7, temperature=0.05,
+                                             correctness=correctness))
+    ref = ce + 0.7 * soft_aurc_reference(logits, labels, 0.05, correctness)
+    assert abs(total - ref) <= 4e-6
+
+
+def test_soft_aurc_hard_gradient_moves_confidences_only():
+  # With hard errors, the gradient lowers a confident wrong prediction's top
+  # logit and raises a confident right one's (the ranks are what it can change).
+  logits = jnp.float32([[3.0, 0.0, 0.0], [0.0, 2.5, 0.0], [0.0, 0.0, 2.0]])
+  labels = jnp.int32([1, 1, 2])  # the most confident sample is wrong
+  g = jax.grad(lambda l: soft_aurc_loss(l, labels, temperature=0.05, correctness="hard"))(logits)
+  assert g[0, 0] > 0 and g[1, 1] < 0
+  prob = jax.grad(lambda l: soft_aurc_loss(l, labels, temperature=0.05))(logits)
+  assert float(jnp.max(jnp.abs(prob - g))) > 1e-4  # "probability" also moves p_y
+
+
+@pytest.mark.parametrize("loss", [
+    lambda l, y: focal_loss(l, y, gamma=2.0),
+    lambda l, y: inverse_focal_loss(l, y, gamma=2.0),
+    lambda l, y: soft_aurc_loss(l, y, temperature=0.1, correctness="hard"),
+    lambda l, y: soft_aurc_regularized_loss(l, y, weight=0.5, temperature=0.1),
+], ids=["focal", "inverse_focal", "aurc_hard", "aurc_probability_regularized"])
+def test_check_grads_new_losses(loss):
+  logits, labels = random_logits(29, n=16, num_classes=3, scale=1.5)
+  f = jax.jit(lambda l: loss(l, labels))
+  check_grads(f, (jnp.asarray(logits),), order=1, modes=("rev",), atol=1e-2, rtol=1e-2, eps=1e-3)
+
+
+@pytest.mark.parametrize("loss", [
+    lambda l, y: focal_loss(l, y, gamma=0.5),  # d/dx x^0.5 is infinite at x = 1 - p_y = 0
+    lambda l, y: inverse_focal_loss(l, y, gamma=3.0),
+    lambda l, y: soft_aurc_loss(l, y, temperature=1e-6, correctness="hard"),
+    lambda l, y: soft_aurc_regularized_loss(l, y, temperature=1e-6),
+], ids=["focal", "inverse_focal", "aurc_hard", "aurc_probability_regularized"])
+def test_new_losses_finite_at_extreme_logits(loss):
+  labels = jnp.int32([0, 1, 2, 0])
+  logits = jnp.stack([  # four batches, one loss each
+      1e4 * jax.nn.one_hot(labels, 3),  # p_y = 1 exactly in float32
+      -1e4 * jax.nn.one_hot(labels, 3),  # p_y = 0 exactly
+      jnp.float32([[1e4, 0, 0], [0, -1e4, 1e4], [3, 2, 1], [0, 0, 0]]),
+      jnp.zeros((4, 3)),  # every confidence tied
+  ]).astype(jnp.float32)
+  labels = jnp.broadcast_to(labels, (4, 4))
+  values = jax.jit(lambda l: loss(l, labels))(logits)
+  grads = jax.jit(jax.grad(lambda l: jnp.sum(loss(l, labels))))(logits)
+  assert values.shape == (4,)
+  assert bool(jnp.all(jnp.isfinite(values))) and bool(jnp.all(jnp.isfinite(grads))), (values, grads)
+
+
+@pytest.mark.parametrize("fn, kwargs, match", [
+    (focal_loss, dict(gamma=-1.0), "gamma"),
+    (inverse_focal_loss, dict(gamma=np.nan), "gamma"),
+    (focal_loss, dict(gamma=np.inf), "gamma"),
+    (focal_loss, dict(gamma=[1.0, 2.0]), "gamma"),
+    (focal_loss, dict(gamma=1.0, logits=np.float32([[0, np.inf], [0, 1]])), "NaN"),
+    (inverse_focal_loss, dict(gamma=1.0, labels=[0, 3]), "labels"),
+    (soft_aurc_loss, dict(temperature=0.0), "temperature"),
+    (soft_aurc_loss, dict(temperature=-1.0), "temperature"),
+    (soft_aurc_loss, dict(temperature=np.nan), "temperature"),
+    (soft_aurc_loss, dict(correctness="soft"), "correctness"),
+    (soft_aurc_loss, dict(logits=np.float32([[0, np.nan], [0, 1]])), "NaN"),
+    (soft_aurc_regularized_loss, dict(weight=-1.0), "weight"),
+    (soft_aurc_regularized_loss, dict(weight=np.inf), "weight"),
+    (soft_aurc_regularized_loss, dict(temperature=0.0), "temperature"),
+])
+def test_new_losses_bad_input_raises(fn, kwargs, match):
+  args = dict(logits=np.zeros((2, 3), np.float32), labels=[0, 1])
+  args.update(kwargs)
+  with pytest.raises(ValueError, match=match):
+    fn(args.pop("logits"), args.pop("labels"), **args)

@@ -1,4 +1,4 @@
-"""Tests of the Flax NNX CNNs in training.models."""
+"""Tests of the Flax NNX CNNs in cwsa_jax.training.models."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from cwsa_jax.losses import cwsa_regularized_loss
-from training.models import Cifar10CNN, MnistCNN, max_pool_2x2
+from cwsa_jax.training.models import Cifar10CNN, MnistCNN, max_pool_2x2
 
 SHAPES = {"mnist": (28, 28, 1), "cifar10": (32, 32, 3)}
 

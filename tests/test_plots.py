@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import pytest
 from matplotlib.collections import PolyCollection
+from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from PIL import Image
 
@@ -88,6 +89,75 @@ def test_threshold_curves_ignore_nan_in_the_mean():
   np.testing.assert_allclose(y, [0.7, 1.0])
 
 
+def _half_empty_sweep():
+  """A sweep whose retained set is empty at tau >= 0.7 (CWSA = CWSA+ = 0 there by convention)."""
+  c = np.array([0.52, 0.55, 0.6, 0.65, 0.66], np.float32)
+  ok = np.array([True, False, True, True, False])
+  return sweep(c, ok, np.array([0.5, 0.6, 0.7, 0.8, 0.9], np.float32))
+
+
+def test_threshold_curves_leave_empty_retained_sets_out_and_shade_them():
+  result = _half_empty_sweep()
+  assert np.all(np.asarray(result.cwsa)[2:] == 0)  # the convention the figure must not plot
+  fig = plots.threshold_curves(result)
+  ax = fig.axes[0]
+  lines = _lines(ax)
+  for label in ("CWSA", "CWSA+", "selective accuracy"):
+    y = np.asarray(lines[label].get_ydata(), np.float64)
+    assert np.all(np.isfinite(y[:2])) and np.all(np.isnan(y[2:])), label
+  np.testing.assert_allclose(lines["CWSA"].get_ydata()[:2], np.asarray(result.cwsa)[:2])
+  np.testing.assert_allclose(lines["coverage"].get_ydata(), np.asarray(result.coverage))  # a real 0
+  spans = [p for p in ax.patches if "nothing retained" in p.get_label()]
+  assert len(spans) == 1
+  x = ax.transData.inverted().transform(spans[0].get_verts())[:, 0]
+  assert 0.6 < x.min() < 0.7 and x.max() > 0.9
+  assert any("nothing retained" in t.get_text() for t in ax.get_legend().get_texts())
+
+
+def test_seed_means_skip_seeds_that_retain_nothing():
+  # Seed 0 retains nothing at the second threshold (CWSA 0 by convention), seed 1 retains a sample.
+  fields = dict(thresholds=np.array([0.5, 0.9]), coverage=np.array([[1.0, 0.0], [1.0, 0.5]]),
+                selective_accuracy=np.array([[0.8, np.nan], [0.6, 1.0]]),
+                cwsa=np.array([[0.2, 0.0], [0.4, 0.6]]), cwsa_plus=np.array([[0.3, 0.0], [0.5, 0.6]]))
+  fig = plots.threshold_curves(fields)
+  lines = _lines(fig.axes[0])
+  np.testing.assert_allclose(lines["CWSA"].get_ydata(), [0.3, 0.6])
+  np.testing.assert_allclose(lines["CWSA+"].get_ydata(), [0.4, 0.6])
+  assert not [p for p in fig.axes[0].patches if "nothing retained" in p.get_label()]
+
+
+def test_compare_models_mark_empty_retained_sets_instead_of_drawing_zero(sample):
+  results = {"calibrated": sweep(sample.confidences, sample.correct, TAU), "sparse": _half_empty_sweep()}
+  fig = plots.compare_models(results, metrics=("cwsa", "coverage"))
+  ax_cwsa, ax_cov = [ax for ax in fig.axes if ax.get_visible()]
+  y = np.asarray(_lines(ax_cwsa)["sparse"].get_ydata(), np.float64)
+  assert np.all(np.isnan(y[2:])) and np.all(np.isfinite(y[:2]))
+  marks = [ln for ln in ax_cwsa.get_lines() if ln.get_marker() == "x"]
+  assert len(marks) == 1
+  np.testing.assert_allclose(marks[0].get_xdata(), [0.7, 0.8, 0.9], rtol=1e-6)
+  np.testing.assert_array_equal(marks[0].get_ydata(), [0, 0, 0])
+  assert marks[0].get_color() == _lines(ax_cwsa)["sparse"].get_color()
+  assert not [ln for ln in ax_cov.get_lines() if ln.get_marker() == "x"]  # coverage 0 is real
+  assert any("nothing retained" in t.get_text() for t in fig.legends[0].get_texts())
+  # Overlapping models stay distinguishable: distinct dash patterns and widths.
+  a, b = (_lines(ax_cwsa)[m] for m in results)
+  assert (a.get_linestyle(), a.get_linewidth()) != (b.get_linestyle(), b.get_linewidth())
+
+
+def test_stress_test_marks_empty_points():
+  values = np.array([[0.0, 0.5, 0.9], [0.0, 0.0, 0.8]])  # [seeds, P]
+  empty = np.array([[True, False, False], [True, True, False]])
+  fig = plots.stress_test([0.0, 0.1, 0.2], {"CWSA@0.9": values}, xlabel="shift",
+                          empty={"CWSA@0.9": empty})
+  ax = fig.axes[0]
+  y = _lines(ax)["CWSA@0.9"].get_ydata()
+  assert np.isnan(y[0])
+  np.testing.assert_allclose(y[1:], [0.5, 0.85])  # the empty seed is left out of the mean
+  (mark,) = [ln for ln in ax.get_lines() if ln.get_marker() == "x"]
+  np.testing.assert_array_equal(mark.get_xdata(), [0.0])
+  assert any("nothing retained" in t.get_text() for t in ax.get_legend().get_texts())
+
+
 def test_threshold_curves_draw_into_given_axes(sample):
   fig = Figure()
   ax = fig.add_subplot()
@@ -108,30 +178,98 @@ def test_compare_models(sample, batch):
   _not_blank(_png(fig))
 
 
-def test_reliability_diagram_shows_accuracy_and_counts(sample):
-  bins = calibration_bins(sample.confidences, sample.correct, num_bins=10)
+def _containers(ax):
+  return {c.get_label(): c for c in ax.containers}
+
+
+def _rgba(color):
+  return np.asarray(to_rgba(color))
+
+
+def _crafted_bins(min_count=10):
+  """Five equal-width bins: [0, .2) one right sample at 0.1 (sparse, accuracy 1 > 0.1);
+  [.4, .6) 20 samples at 0.5, 19 right (accuracy 0.95 > 0.5); [.8, 1] 30 samples at 0.9,
+  12 right (accuracy 0.4 < 0.9); the other two bins empty."""
+  c = np.array([0.1] + [0.5] * 20 + [0.9] * 30, np.float32)
+  ok = np.array([True] + [True] * 19 + [False] + [True] * 12 + [False] * 18)
+  return calibration_bins(c, ok, num_bins=5)
+
+
+def test_reliability_diagram_bars_match_the_bins_in_both_gap_directions():
+  bins = _crafted_bins()
   fig = plots.reliability_diagram(bins, title="rel", ece=0.1234)
   ax, ax_count = fig.axes
   assert ax.get_title() == "rel" and ax.get_ylabel() == "accuracy"
   assert ax_count.get_xlabel() == "confidence" and ax_count.get_ylabel() == "samples"
-  count = np.asarray(bins.count)
+  bars = _containers(ax)
+  accuracy = bars["accuracy in bin"].patches
+  # Bins with >= 10 samples get an opaque blue bar from 0 to their accuracy.
+  assert [round(p.get_x(), 6) for p in accuracy] == [0.4, 0.8]
+  np.testing.assert_allclose([p.get_height() for p in accuracy], [0.95, 0.4], rtol=1e-6)
+  np.testing.assert_allclose([p.get_y() for p in accuracy], [0, 0])
+  for p in accuracy:
+    np.testing.assert_allclose(p.get_facecolor(), _rgba("#1f77b4"))
+  # Confidence > accuracy (bin [.8, 1]): a red, filled box from the accuracy up to the confidence.
+  (over,) = bars["gap: confidence > accuracy"].patches
+  assert over.get_x() == pytest.approx(0.8)
+  assert over.get_y() == pytest.approx(0.4, abs=1e-6)
+  assert over.get_y() + over.get_height() == pytest.approx(0.9, abs=1e-6)
+  assert over.get_facecolor()[3] > 0 and over.get_facecolor()[0] > 0.5  # filled, reddish
+  # Accuracy > confidence (bin [.4, .6)): a box from the confidence up to the accuracy, without
+  # fill (the blue bar shows through, so the bar still reads 0.95) and hatched in another colour.
+  (under,) = bars["gap: accuracy > confidence"].patches
+  assert under.get_x() == pytest.approx(0.4)
+  assert under.get_y() == pytest.approx(0.5, abs=1e-6)
+  assert under.get_y() + under.get_height() == pytest.approx(0.95, abs=1e-6)
+  assert under.get_facecolor()[3] == 0 and under.get_hatch()
+  assert not np.allclose(under.get_edgecolor(), over.get_edgecolor())
+  assert ax.patches.index(accuracy[0]) < ax.patches.index(under)  # drawn over the blue bar
+  # The one-sample bin: no accuracy bar and no gap box, a shaded column instead, and the legend
+  # states the minimum count.
+  (shade,) = next(c for label, c in bars.items() if label.startswith("< 10 samples")).patches
+  assert shade.get_x() == pytest.approx(0.0) and shade.get_height() >= 1.0
+  assert shade.get_facecolor()[3] < 1
+  legend = [t.get_text() for t in fig.legends[0].get_texts()]
+  assert any(t.startswith("< 10 samples") for t in legend)
+  assert "ECE = 0.123" in legend
+  # Mean-confidence ticks at every non-empty bin.
+  ticks = [ln for ln in ax.get_lines() if ln.get_label() == "mean confidence in bin"][0]
+  np.testing.assert_allclose(ticks.get_ydata(), [0.1, 0.5, 0.9], rtol=1e-6)
+  # Counts: every bin's bar, the sparse one lighter; a single sample stays visible above the
+  # log axis' lower limit, and every non-empty bin's count is printed.
   heights = [p.get_height() for p in ax_count.patches]
-  np.testing.assert_array_equal(heights, count)
-  nonempty = count > 0
-  accuracy_bars, gap_bars = ax.containers[:2]
-  np.testing.assert_allclose([p.get_height() for p in accuracy_bars],
-                             np.asarray(bins.accuracy)[nonempty], rtol=1e-6)
-  gap = np.abs(np.asarray(bins.mean_confidence) - np.asarray(bins.accuracy))[nonempty]
-  np.testing.assert_allclose([p.get_height() for p in gap_bars], gap, rtol=1e-5)
-  legend_text = [t.get_text() for t in ax.get_legend().get_texts()]
-  assert any("ECE = 0.1234" in t for t in legend_text)
+  np.testing.assert_array_equal(heights, [1, 0, 20, 0, 30])
+  assert ax_count.get_yscale() == "log" and ax_count.get_ylim()[0] < 1
+  colors = [p.get_facecolor() for p in ax_count.patches]
+  assert not np.allclose(colors[0], colors[2]) and np.allclose(colors[2], colors[4])
+  assert sorted(t.get_text() for t in ax_count.texts) == ["1", "20", "30"]
+  (limit,) = [ln for ln in ax_count.get_lines() if "minimum count" in ln.get_label()]
+  assert list(limit.get_ydata()) == [10, 10]
   _not_blank(_png(fig))
+
+
+def test_reliability_diagram_min_count_is_a_choice():
+  fig = plots.reliability_diagram(_crafted_bins(), min_count=1)
+  ax = fig.axes[0]
+  bars = _containers(ax)
+  assert not any(label.startswith("<") for label in bars)  # nothing shaded
+  np.testing.assert_allclose([p.get_height() for p in bars["accuracy in bin"].patches],
+                             [1.0, 0.95, 0.4], rtol=1e-6)
+  under = bars["gap: accuracy > confidence"].patches
+  np.testing.assert_allclose([p.get_y() for p in under], [0.1, 0.5], rtol=1e-6)
+  fig = plots.reliability_diagram(_crafted_bins(), min_count=40)
+  bars = _containers(fig.axes[0])
+  assert "accuracy in bin" not in bars and "gap: confidence > accuracy" not in bars
+  assert len(next(c for label, c in bars.items() if label.startswith("< 40")).patches) == 3
+  for bad in (0, 2.5, True):
+    with pytest.raises(ValueError, match="min_count"):
+      plots.reliability_diagram(_crafted_bins(), min_count=bad)
 
 
 def test_reliability_diagram_without_legend_and_batched_input_refused(sample):
   bins = calibration_bins(sample.confidences, sample.correct)
   fig = plots.reliability_diagram(bins, legend=False)
-  assert fig.axes[0].get_legend() is None
+  assert fig.axes[0].get_legend() is None and not fig.legends
   two = calibration_bins(np.stack([sample.confidences] * 2), np.stack([sample.correct] * 2))
   with pytest.raises(ValueError, match="one model"):
     plots.reliability_diagram(two)

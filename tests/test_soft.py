@@ -332,14 +332,15 @@ def test_gradient_direction(temperature):
   assert bool(jnp.all(grad_k[:4] > 0))
 
 
-def test_traced_temperature_and_invalid_traced_options_give_zero_not_nan():
+def test_traced_temperature_and_invalid_traced_options_give_nan_not_a_number():
   c, kappa = random_case(37, 40)
   f = jax.jit(lambda t, tau: soft_cwsa(c, kappa, tau, temperature=t))
   assert abs(float(f(0.02, 0.5)) - soft_reference(c, kappa, 0.5, 0.02)) <= 2e-6
-  for t, tau in ((0.0, 0.5), (-1.0, 0.5), (0.02, 1.0)):
+  # Invalid traced options give NaN, and NaN gradients, never a plausible number.
+  for t, tau in ((0.0, 0.5), (-1.0, 0.5), (0.02, 1.0), (0.02, -0.1), (np.inf, 0.5)):
     value = f(t, tau)
     grads = jax.grad(lambda t, tau: f(t, tau), argnums=(0, 1))(jnp.float32(t), jnp.float32(tau))
-    assert float(value) == 0.0 and _all_finite(grads)
+    assert np.isnan(float(value)) and np.all(np.isnan(np.asarray(grads)))
 
 
 # ---------------------------------------------------------------------------

@@ -130,8 +130,8 @@ def test_cwsa_temperature_schedule_is_geometric_from_start_to_end():
 
   import jax.numpy as jnp
 
-  from training.configs import get_config
-  from training.train import cwsa_temperature
+  from cwsa_jax.training.configs import get_config
+  from cwsa_jax.training.train import cwsa_temperature
 
   const = dc.replace(get_config("mnist"), loss="cwsa", cwsa_temperature=0.05)
   assert float(cwsa_temperature(const, jnp.uint32(7), 100)) == pytest.approx(0.05)
@@ -145,7 +145,7 @@ def test_cwsa_temperature_schedule_is_geometric_from_start_to_end():
 
 
 def test_summarize_groups_by_schedule_and_writes_commands(tmp_path):
-  from training import summarize
+  from cwsa_jax.training import summarize
 
   def fake_run(name, seed, epochs, loss="ce", acc=0.8, **extra):
     d = tmp_path / name

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import os
+import shutil
+import sys
 from pathlib import Path
 
-from cwsa_jax._cli_util import UserError
-from training.configs import CONFIGS, LOSSES
+from cwsa_jax import _interrupt, _output
+from cwsa_jax._cli_util import UserError, add_progress_flag, progress_enabled
+from .configs import CONFIGS, LOSSES
 
 
 def run(args: argparse.Namespace) -> int:
-  from training import data as data_lib
-  from training.configs import get_config
-  from training.train import CHECKPOINT_META, train_and_evaluate
+  from . import data as data_lib
+  from .configs import get_config
+  from .train import CHECKPOINT_META, train_and_evaluate
 
-  out = Path(args.out)
+  out = _output.check_folder_path(args.out)
   if out.exists() and any(out.iterdir()):
     if not args.resume:
       raise UserError(f"output directory {out} is not empty (pass --resume to continue the run in it, "
@@ -42,12 +47,66 @@ def run(args: argparse.Namespace) -> int:
   except (ValueError, OSError) as e:
     raise UserError(str(e)) from None
   print(f"data: {dataset.source} ({len(dataset.train_labels)} train, {len(dataset.test_labels)} test)")
-  metrics = train_and_evaluate(config, out, dataset, max_steps=args.max_steps, resume=args.resume,
-                               progress=not args.no_progress, _crash_at_step=args.crash_at_step)
+  before = set(os.listdir(out)) if out.is_dir() else None
+  # After a Ctrl-C, by the main thread or by the watchdog if the loop does not stop by itself.
+  token = _interrupt.register(lambda: _interrupted(out, before, CHECKPOINT_META))
+  try:
+    metrics = train_and_evaluate(config, out, dataset, max_steps=args.max_steps,
+                                 resume=args.resume, progress=progress_enabled(args),
+                                 _crash_at_step=args.crash_at_step)
+  except KeyboardInterrupt:
+    _interrupted(out, before, CHECKPOINT_META)
+    raise
+  finally:
+    _interrupt.unregister(token)
   print(f"test accuracy {metrics['test_accuracy']:.4f}  ECE {metrics['ece']:.4f}  "
         f"AURC {metrics['aurc']:.5f}  CWSA@0.5 {metrics['cwsa']['0.5']:.4f}  "
         f"CWSA@0.9 {metrics['cwsa']['0.9']:.4f}  ({metrics['wall_seconds']:.0f} s) -> {out}")
   return 0
+
+
+def _remove_partial_run(out: Path, before: set[str] | None, checkpoint_meta: str) -> bool:
+  """After a Ctrl-C: removes what this run wrote into ``out`` (and ``out`` if it created it)
+  unless a checkpoint exists, which is kept so that ``--resume`` can go on. True if removed."""
+  if (out / checkpoint_meta).exists():
+    return False
+  with contextlib.suppress(OSError):
+    for path in out.iterdir():
+      if before is None or path.name not in before:
+        if path.is_dir() and not path.is_symlink():
+          shutil.rmtree(path, ignore_errors=True)
+        else:
+          path.unlink()
+    if before is None:
+      out.rmdir()
+  return True
+
+
+def _interrupted(out: Path, before: set[str] | None, checkpoint_meta: str) -> None:
+  """Ends the progress line; removes the partial run or says how to resume it."""
+  _close_progress_bars()
+  if not _remove_partial_run(out, before, checkpoint_meta):
+    print(f"interrupted: the last checkpoint is in {out}; continue with --resume",
+          file=sys.stderr, flush=True)
+
+
+def _close_progress_bars() -> None:
+  """Ends the training loop's progress line, so that the next message starts a line."""
+  try:
+    from tqdm import tqdm  # noqa: PLC0415
+  except ImportError:
+    return
+  for bar in list(getattr(tqdm, "_instances", ())):
+    with contextlib.suppress(Exception):
+      bar.close()
+
+
+def _defaults(field: str) -> str:
+  """``mnist X, cifar10 Y`` (or one value when the configs agree): a default for --help."""
+  values = {name: getattr(make(), field) for name, make in sorted(CONFIGS.items())}
+  if len(set(map(repr, values.values()))) == 1:
+    return f"{next(iter(values.values()))}"
+  return ", ".join(f"{name} {value}" for name, value in values.items())
 
 
 def add_parser(sub) -> None:
@@ -55,24 +114,38 @@ def add_parser(sub) -> None:
                      description="Train a Flax CNN with cross-entropy (ce) or the CWSA-regularized loss "
                      "(cwsa), checkpoint every epoch, and evaluate the test split with the hard metrics.")
   p.add_argument("--dataset", required=True, choices=sorted(CONFIGS))
-  p.add_argument("--loss", default="ce", choices=LOSSES)
-  p.add_argument("--epochs", type=int, default=None, help="epochs (default: the dataset's config)")
-  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--loss", default="ce", choices=LOSSES,
+                 help="ce = cross-entropy, cwsa = CE + weight (1 - soft CWSA) (default ce)")
+  p.add_argument("--epochs", type=int, default=None,
+                 help=f"epochs (default {_defaults('epochs')})")
+  p.add_argument("--seed", type=int, default=0, help="seed of the model, data order and dropout "
+                 "(default 0)")
   p.add_argument("--data-dir", default=None,
                  help="local dataset files (else $CWSA_JAX_DATA_DIR, else tensorflow-datasets)")
-  p.add_argument("--out", required=True, help="output directory (must be new or empty unless --resume)")
-  p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (short runs)")
+  p.add_argument("--out", required=True, metavar="DIR",
+                 help="output folder (must be new or empty unless --resume)")
+  p.add_argument("--max-steps", type=int, default=None,
+                 help="stop after this many steps (short runs; default: all epochs)")
   p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-  p.add_argument("--batch-size", type=int, default=None)
-  p.add_argument("--lr", type=float, default=None, help="peak learning rate")
-  p.add_argument("--cwsa-weight", type=float, default=None, help="weight of (1 - soft CWSA)")
-  p.add_argument("--cwsa-tau", type=float, default=None, help="threshold of the soft CWSA")
-  p.add_argument("--cwsa-temperature", type=float, default=None, help="sigmoid gate temperature")
+  p.add_argument("--batch-size", type=int, default=None,
+                 help=f"batch size (default {_defaults('batch_size')})")
+  p.add_argument("--lr", type=float, default=None,
+                 help=f"peak learning rate (default {_defaults('learning_rate')})")
+  p.add_argument("--cwsa-weight", type=float, default=None,
+                 help=f"weight of (1 - soft CWSA) (default {_defaults('cwsa_weight')})")
+  p.add_argument("--cwsa-tau", type=float, default=None,
+                 help=f"threshold of the soft CWSA (default {_defaults('cwsa_tau')})")
+  p.add_argument("--cwsa-temperature", type=float, default=None,
+                 help=f"sigmoid gate temperature (default {_defaults('cwsa_temperature')})")
   p.add_argument("--cwsa-temperature-start", type=float, default=None,
-                 help="anneal the temperature geometrically from this value to --cwsa-temperature")
+                 help="anneal the temperature geometrically from this value to --cwsa-temperature "
+                 "(default: no annealing)")
   p.add_argument("--cwsa-band", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
-                 help="target the soft CWSA averaged over thresholds in [LOW, HIGH] instead of one tau")
-  p.add_argument("--cwsa-correctness", choices=("probability", "hard"), default=None)
-  p.add_argument("--no-progress", action="store_true", help="no progress bar")
+                 help="target the soft CWSA averaged over thresholds in [LOW, HIGH] instead of one "
+                 "tau (default: one tau)")
+  p.add_argument("--cwsa-correctness", choices=("probability", "hard"), default=None,
+                 help="correctness in the soft CWSA: the true class's probability or 0/1 "
+                 f"(default {_defaults('cwsa_correctness')})")
+  add_progress_flag(p)
   p.add_argument("--crash-at-step", type=int, default=None, help=argparse.SUPPRESS)
   p.set_defaults(func=run)

@@ -50,11 +50,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from training import _formats
-from training._formats import CIFAR10_CLASSES
-from training._formats import DataError
-from training._formats import DataFileNotFoundError
-from training._formats import MNIST_CLASSES
+from . import _formats
+from ._formats import CIFAR10_CLASSES
+from ._formats import DataError
+from ._formats import DataFileNotFoundError
+from ._formats import MNIST_CLASSES
 
 DATASETS = ("cifar10", "mnist")
 SOURCES = ("auto", "local", "tfds")

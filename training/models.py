@@ -90,7 +90,7 @@ class MnistCNN(nnx.Module):
   Examples:
     >>> import jax.numpy as jnp
     >>> from flax import nnx
-    >>> from training.models import MnistCNN
+    >>> from cwsa_jax.training.models import MnistCNN
     >>> model = MnistCNN(rngs=nnx.Rngs(0))
     >>> model(jnp.zeros((2, 28, 28, 1))).shape
     (2, 10)
@@ -133,7 +133,7 @@ class Cifar10CNN(nnx.Module):
   Examples:
     >>> import jax.numpy as jnp
     >>> from flax import nnx
-    >>> from training.models import Cifar10CNN
+    >>> from cwsa_jax.training.models import Cifar10CNN
     >>> model = Cifar10CNN(rngs=nnx.Rngs(0))
     >>> model(jnp.zeros((2, 32, 32, 3))).shape
     (2, 10)

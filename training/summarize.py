@@ -1,6 +1,6 @@
 """Collects finished training runs into ``results/training/summary.json`` and ``README.md``.
 
-Usage: python -m training.summarize RUN_DIR [RUN_DIR ...] [--out results/training]
+Usage: python -m cwsa_jax.training.summarize RUN_DIR [RUN_DIR ...] [--out results/training]
 
 Each RUN_DIR holds the ``metrics.json`` and ``config.json`` written by
 ``cwsa-jax train``; the README table gets one row per run with the command
@@ -83,7 +83,7 @@ def aggregate(runs: list[dict]) -> list[dict]:
 def render_readme(runs: list[dict], groups: list[dict], notes: str) -> str:
   pm = lambda s, d=4: f"{s[0]:.{d}f} ± {s[1]:.{d}f}"
   lines = ["# Training results", "",
-           "Written by `python -m training.summarize` from the runs' `metrics.json`; every number below "
+           "Written by `python -m cwsa_jax.training.summarize` from the runs' `metrics.json`; every number below "
            "comes from those files. `DATA` is a folder with `mnist/` (IDX files) and `cifar10/` "
            "(the JPEG copy); without `--data-dir` the loader uses tensorflow-datasets.", "",
            "## Mean ± std over seeds", "",

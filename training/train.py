@@ -5,6 +5,14 @@ cross-entropy or the CWSA-regularized loss, checkpoints atomically after every
 epoch, resumes from the last checkpoint, and finishes by evaluating the test
 split with the hard metrics (CWSA/CWSA+ sweep, ECE, AURC, E-AURC, AUGRC).
 
+Metrics accumulate in ``nnx.MultiMetric`` objects updated inside the jitted
+steps, as in the flax MNIST example: the training loss and accuracy of each
+epoch (``nnx.metrics.Average``, ``Accuracy``), and on the test split
+:class:`~cwsa_jax.nnx.SweepMetric` and :class:`~cwsa_jax.nnx.CalibrationMetric`,
+batch by batch, whose exact sums give the same sweep and ECE as one pass over
+all the predictions. AURC, E-AURC and AUGRC need every confidence in order and
+are computed once from the predictions.
+
 Determinism: the data order of epoch e is a permutation seeded by (seed, e),
 augmentation keys are ``fold_in(key(seed), step)`` and the dropout stream is
 part of the checkpointed model state, so a run killed and resumed from its
@@ -28,13 +36,17 @@ import optax
 from flax import nnx
 from flax import serialization
 
+import cwsa_jax as cw
 from cwsa_jax import losses as cwsa_losses
-from training import data as data_lib
-from training import models
-from training.configs import TrainConfig
+from cwsa_jax.nnx import CalibrationMetric, SweepMetric
+from . import data as data_lib
+from . import models
+from .configs import TrainConfig
 
 CHECKPOINT = "checkpoint.msgpack"
 CHECKPOINT_META = "checkpoint.json"
+AT_THRESHOLDS = (0.5, 0.9)  # the thresholds metrics.json reports one by one
+ECE_BINS = 15
 
 
 # --------------------------------------------------------------------------- model and optimizer
@@ -104,16 +116,22 @@ def _preprocess(images: jax.Array, config: TrainConfig, key: jax.Array | None) -
   return data_lib.normalize(images, dataset=config.dataset)
 
 
+def make_train_metrics() -> nnx.MultiMetric:
+  """The training loss and accuracy of an epoch, accumulated on the device by ``train_step``."""
+  return nnx.MultiMetric(loss=nnx.metrics.Average("loss"), accuracy=nnx.metrics.Accuracy())
+
+
 def make_train_step(config: TrainConfig, total_steps: int = 1) -> Callable:
+  """``train_step(model, optimizer, metrics, images, labels, key) -> loss``, updating all three in place."""
   @nnx.jit
-  def train_step(model, optimizer, images, labels, key):
+  def train_step(model, optimizer, metrics, images, labels, key):
     x = _preprocess(images, config, key)
-    temperature = cwsa_temperature(config, optimizer.step.value, total_steps)
+    temperature = cwsa_temperature(config, optimizer.step[...], total_steps)
     grad_fn = nnx.value_and_grad(loss_fn, has_aux=True)
     (loss, logits), grads = grad_fn(model, x, labels, config, temperature)
     optimizer.update(model, grads)
-    correct = jnp.sum(jnp.argmax(logits, -1) == labels)
-    return loss, correct
+    metrics.update(loss=loss, logits=logits, labels=labels)
+    return loss
 
   return train_step
 
@@ -126,12 +144,35 @@ def make_predict(config: TrainConfig) -> Callable:
   return predict
 
 
-def predict_probs(model: nnx.Module, images: np.ndarray, config: TrainConfig) -> np.ndarray:
-  """Class probabilities [N, K] in eval mode (batch-norm running stats, no dropout)."""
+def make_evaluation_metrics(thresholds) -> nnx.MultiMetric:
+  """The test-split metrics, updated batch by batch with ``confidences=`` and ``correct=``."""
+  return nnx.MultiMetric(accuracy=nnx.metrics.Average("correct"), sweep=SweepMetric(thresholds),
+                         at_threshold=SweepMetric(AT_THRESHOLDS),
+                         calibration=CalibrationMetric(ECE_BINS))
+
+
+@nnx.jit
+def _update_evaluation(metrics: nnx.MultiMetric, probs: jax.Array, labels: jax.Array) -> None:
+  confidences, correct = cw.confidences_from_probs(probs, labels)
+  metrics.update(confidences=confidences, correct=correct)
+
+
+def predict_probs(model: nnx.Module, images: np.ndarray, config: TrainConfig, *,
+                  labels: np.ndarray | None = None,
+                  metrics: nnx.MultiMetric | None = None) -> np.ndarray:
+  """Class probabilities [N, K] in eval mode (batch-norm running stats, no dropout).
+
+  With ``labels`` and ``metrics`` (:func:`make_evaluation_metrics`), also adds
+  every batch's (max probability, argmax == label) to ``metrics``.
+  """
   model.eval()
   predict = make_predict(config)
-  out = [np.asarray(predict(model, jnp.asarray(images[i:i + config.eval_batch_size])))
-         for i in range(0, len(images), config.eval_batch_size)]
+  out = []
+  for i in range(0, len(images), config.eval_batch_size):
+    probs = predict(model, jnp.asarray(images[i:i + config.eval_batch_size]))
+    if metrics is not None:
+      _update_evaluation(metrics, probs, jnp.asarray(labels[i:i + config.eval_batch_size]))
+    out.append(np.asarray(probs))
   model.train()
   return np.concatenate(out)
 
@@ -180,7 +221,7 @@ def restore_checkpoint(workdir: Path, model, optimizer) -> dict[str, Any]:
 
 
 class Progress:
-  """A one-line progress display with loss, accuracy and ETA (tqdm when available)."""
+  """A one-line progress bar with loss, accuracy and ETA (tqdm, of the ``[train]`` extra; none without)."""
 
   def __init__(self, total: int, desc: str, enabled: bool = True):
     self.enabled = enabled
@@ -190,7 +231,7 @@ class Progress:
         from tqdm.auto import tqdm
         self.bar = tqdm(total=total, desc=desc, unit="step", file=sys.stderr, dynamic_ncols=True,
                         mininterval=1.0)
-      except ImportError:  # pragma: no cover - tqdm ships with tensorflow-datasets
+      except ImportError:  # tqdm is optional: no progress bar
         self.bar = None
     self.total, self.done, self.start, self.desc = total, 0, time.time(), desc
 
@@ -210,29 +251,26 @@ class Progress:
 # --------------------------------------------------------------------------- evaluation
 
 
-def evaluate_predictions(probs: np.ndarray, labels: np.ndarray, thresholds) -> dict[str, Any]:
-  """Hard-metric summary of test predictions (the metrics.json body)."""
-  import cwsa_jax as cw
-  from cwsa_jax._calibration import ece
-  from cwsa_jax._risk_coverage import aurc, augrc, eaurc
+def evaluate_predictions(probs: np.ndarray, labels: np.ndarray,
+                         computed: dict[str, Any]) -> dict[str, Any]:
+  """Hard-metric summary of test predictions (the metrics.json body).
 
+  ``computed`` is ``make_evaluation_metrics(...).compute()`` after every test batch;
+  AURC, E-AURC and AUGRC (exact, sort-based) come from ``probs`` and ``labels``.
+  """
   conf, correct = cw.confidences_from_probs(probs, labels)
-  th = jnp.asarray(thresholds, jnp.float32)
-  r = cw.sweep(conf, correct, th)
-  at = {}
-  for tau in (0.5, 0.9):
-    at[str(tau)] = {"cwsa": float(cw.cwsa(conf, correct, tau)),
-                    "cwsa_plus": float(cw.cwsa_plus(conf, correct, tau)),
-                    "coverage": float(cw.coverage(conf, tau)),
-                    "selective_accuracy": float(cw.selective_accuracy(conf, correct, tau))}
+  r, at_r = computed["sweep"], computed["at_threshold"]
+  at = {str(tau): {field: float(getattr(at_r, field)[j])
+                   for field in ("cwsa", "cwsa_plus", "coverage", "selective_accuracy")}
+        for j, tau in enumerate(AT_THRESHOLDS)}
   as_list = lambda x: [None if not np.isfinite(v) else float(v) for v in np.asarray(x)]
   return {
       "n": int(len(labels)),
-      "test_accuracy": float(np.mean(np.asarray(correct))),
-      "ece": float(ece(conf, correct, num_bins=15)),
-      "aurc": float(aurc(conf, correct)),
-      "eaurc": float(eaurc(conf, correct)),
-      "augrc": float(augrc(conf, correct)),
+      "test_accuracy": float(computed["accuracy"]),
+      "ece": float(computed["calibration"]),
+      "aurc": float(cw.aurc(conf, correct)),
+      "eaurc": float(cw.eaurc(conf, correct)),
+      "augrc": float(cw.augrc(conf, correct)),
       "cwsa": {k: v["cwsa"] for k, v in at.items()},
       "cwsa_plus": {k: v["cwsa_plus"] for k, v in at.items()},
       "at_threshold": at,
@@ -257,7 +295,7 @@ def train_and_evaluate(config: TrainConfig, workdir: str | os.PathLike, dataset:
   Args:
     config: the run's :class:`TrainConfig`.
     workdir: output folder (created).
-    dataset: a :class:`training.data.Dataset`.
+    dataset: a :class:`cwsa_jax.training.data.Dataset`.
     max_steps: stop after this many optimizer steps in total (a short run).
     resume: continue from the checkpoint in ``workdir``.
     progress: show a progress bar.
@@ -287,14 +325,15 @@ def train_and_evaluate(config: TrainConfig, workdir: str | os.PathLike, dataset:
   (workdir / "config.json").write_text(json.dumps({**config.__dict__, "max_steps": max_steps}, indent=1))
 
   train_step = make_train_step(config, config.epochs * steps_per_epoch)
+  train_metrics = make_train_metrics()
   base_key = jax.random.key(config.seed)
   bar = Progress(total_steps, f"{config.dataset}/{config.loss} seed {config.seed}", progress)
   bar.update(step)
   shown = step
   epoch = start_epoch
   while epoch < config.epochs and step < total_steps:
-    # Sums stay on the device; reading them every step would stall dispatch.
-    loss_sum, correct_sum, seen = jnp.float32(0), jnp.int32(0), 0
+    # The metrics stay on the device; reading them every step would stall dispatch.
+    train_metrics.reset()
     batches = data_lib.iterate_batches(dataset.train_images, dataset.train_labels,
                                        batch_size=config.batch_size, seed=config.seed, epoch=epoch,
                                        drop_remainder=True)
@@ -302,36 +341,35 @@ def train_and_evaluate(config: TrainConfig, workdir: str | os.PathLike, dataset:
       if step >= total_steps:
         break
       key = jax.random.fold_in(base_key, step)
-      loss, correct = train_step(model, optimizer, jnp.asarray(images), jnp.asarray(labels), key)
+      loss = train_step(model, optimizer, train_metrics, jnp.asarray(images), jnp.asarray(labels), key)
       step += 1
       if _crash_at_step is not None and step == _crash_at_step:
         jax.block_until_ready(loss)
         os._exit(17)  # tests: die like a killed process, without cleanup
-      loss_sum = loss_sum + loss * len(labels)
-      correct_sum = correct_sum + correct
-      seen += len(labels)
       if step % 20 == 0 or step == total_steps:
-        bar.update(step - shown, loss=float(loss_sum) / seen, acc=int(correct_sum) / seen,
+        now = train_metrics.compute()
+        bar.update(step - shown, loss=float(now["loss"]), acc=float(now["accuracy"]),
                    epoch=epoch + 1)
         shown = step
     if shown < step:
       bar.update(step - shown)
       shown = step
-    loss_sum, correct_sum = float(loss_sum), int(correct_sum)
+    epoch_metrics = train_metrics.compute()
     epoch += 1
-    history.append({"epoch": epoch, "step": step, "train_loss": loss_sum / max(seen, 1),
-                    "train_accuracy": correct_sum / max(seen, 1)})
+    history.append({"epoch": epoch, "step": step, "train_loss": float(epoch_metrics["loss"]),
+                    "train_accuracy": float(epoch_metrics["accuracy"])})
     save_checkpoint(workdir, model, optimizer, {
         "epoch": epoch, "step": step, "wall_seconds": elapsed_before + time.time() - start_time,
         "history": history})
   bar.close()
 
-  probs = predict_probs(model, dataset.test_images, config)
   labels = np.asarray(dataset.test_labels)
+  test_metrics = make_evaluation_metrics(config.thresholds)
+  probs = predict_probs(model, dataset.test_images, config, labels=labels, metrics=test_metrics)
   tmp = workdir / ".predictions.tmp.npz"
   np.savez_compressed(tmp, probs=probs.astype(np.float32), labels=labels)
   os.replace(tmp, workdir / "predictions.npz")
-  metrics = evaluate_predictions(probs, labels, config.thresholds)
+  metrics = evaluate_predictions(probs, labels, test_metrics.compute())
   metrics.update({
       "dataset": config.dataset, "loss": config.loss, "seed": config.seed, "epochs": epoch,
       "steps": step, "wall_seconds": elapsed_before + time.time() - start_time,

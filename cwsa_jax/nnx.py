@@ -1,0 +1,165 @@
+"""Flax NNX metrics: the streaming states as ``flax.nnx.metrics.Metric`` objects.
+
+:class:`SweepMetric`, :class:`CalibrationMetric` and :class:`RiskCoverageMetric`
+hold the exact sums of :class:`~cwsa_jax.streaming.SweepState`,
+:class:`~cwsa_jax.streaming.CalibrationState` and
+:class:`~cwsa_jax.streaming.RiskCoverageState` in ``nnx.metrics.MetricState``
+variables, with flax's ``update(**outputs)`` / ``compute()`` / ``reset()``:
+``update`` takes ``confidences=``/``correct=`` or ``logits=``/``labels=``
+(optional ``mask=``) and ignores every other keyword, so the metrics sit in an
+``nnx.MultiMetric`` beside ``nnx.metrics.Accuracy`` and ``Average('loss')``
+and update in place inside ``nnx.jit``:
+
+.. code-block:: python
+
+  metrics = nnx.MultiMetric(
+      accuracy=nnx.metrics.Accuracy(), loss=nnx.metrics.Average("loss"),
+      sweep=SweepMetric(jnp.linspace(0.5, 0.95, 10)), ece=CalibrationMetric(15),
+      aurc=RiskCoverageMetric())
+
+  @nnx.jit
+  def eval_step(model, metrics, images, labels):
+    logits = model(images)
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    metrics.update(logits=logits, labels=labels, loss=loss)
+
+  for images, labels in test_batches:
+    eval_step(model, metrics, images, labels)
+  metrics.compute()   # {"sweep": SweepResult, "ece": ..., "aurc": BinnedRiskCoverage, ...}
+
+After any number of updates, ``compute()`` equals :func:`~cwsa_jax.sweep` /
+:func:`~cwsa_jax.ece` on all the samples bit for bit (the sums are exact
+integers); :class:`RiskCoverageMetric` gives the binned AURC with its bounds.
+Inside ``shard_map``, ``update(..., axis_name="data")`` all-reduces each
+batch's sums over the mesh axis before adding them, so every device holds the
+metric of the whole global batch.
+
+This module imports flax (the ``[train]`` extra); ``import cwsa_jax`` does not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+try:
+  from flax import nnx
+except ModuleNotFoundError as e:  # flax is optional: not in the core install
+  if e.name != "flax":
+    raise
+  raise ModuleNotFoundError("cwsa_jax.nnx needs flax: pip install 'cwsa-jax[train]'",
+                            name="flax") from None
+
+from cwsa_jax import streaming
+
+__all__ = ["CalibrationMetric", "RiskCoverageMetric", "SweepMetric"]
+
+
+class _StateMetric(nnx.metrics.Metric):
+  """A ``Metric`` holding one configured streaming state's arrays in ``MetricState`` variables."""
+
+  def __init__(self, state_type: type):
+    self._state_type = state_type  # static: its class options (thresholds, bins)
+    empty = state_type.empty()
+    fields = dataclasses.fields(empty)
+    self._array_fields = tuple(f.name for f in fields if not f.metadata.get("static"))
+    self._static_fields = tuple((f.name, getattr(empty, f.name)) for f in fields
+                                if f.metadata.get("static"))
+    for name in self._array_fields:
+      setattr(self, name, nnx.metrics.MetricState(getattr(empty, name)))
+
+  def streaming_state(self):
+    """The accumulated :mod:`cwsa_jax.streaming` state (e.g. to ``merge`` or ``psum`` it)."""
+    arrays = {name: getattr(self, name)[...] for name in self._array_fields}
+    return self._state_type(**arrays, **dict(self._static_fields))
+
+  def _store(self, state) -> None:
+    for name in self._array_fields:
+      getattr(self, name)[...] = getattr(state, name)
+
+  def reset(self) -> None:
+    """Forgets every sample: back to the state of none."""
+    self._store(self._state_type.empty())
+
+  def update(self, *, axis_name: Any = None, **outputs: Any) -> None:
+    """Adds a batch of model outputs, in place.
+
+    Args:
+      axis_name: inside ``shard_map``: all-reduce the batch's sums over this
+        mesh axis first, so that every device adds the whole global batch.
+      **outputs: ``confidences=`` and ``correct=`` ([..., n]), or else
+        ``logits=`` ([..., n, K]) and ``labels=`` ([..., n]); optional
+        ``mask=`` (bool [..., n], False ignores a sample); any other keyword
+        (a loss, images) is ignored.
+    """
+    batch = self._state_type.from_model_output(**outputs)
+    if axis_name is not None:
+      batch = batch.psum(axis_name)
+    self._store(self.streaming_state().merge(batch))
+
+  def compute(self):
+    """The metric of every sample added since the last :meth:`reset` (NaN-valued with none)."""
+    return self.streaming_state().compute()
+
+
+class SweepMetric(_StateMetric):
+  """Coverage, selective accuracy, CWSA and CWSA+ at fixed thresholds (exact).
+
+  ``compute()`` returns the :class:`~cwsa_jax.SweepResult` of
+  :func:`~cwsa_jax.sweep` on every sample added since the last ``reset()``,
+  bit for bit.
+
+  Args:
+    thresholds: [T] thresholds in [0, 1).
+    graded: correctness is graded (kappa in [0, 1]); default boolean.
+    normalize: ``"retained"`` (the paper's CWSA) or ``"all"``; see
+      :func:`~cwsa_jax.sweep`.
+
+  Examples:
+    >>> import numpy as np
+    >>> metric = SweepMetric([0.5, 0.7])
+    >>> metric.update(confidences=np.array([0.9, 0.6]), correct=np.array([True, False]), loss=0.3)
+    >>> metric.update(confidences=np.array([0.8, 0.55]), correct=np.array([True, True]))
+    >>> print([round(float(x), 4) for x in metric.compute().cwsa])  # == sweep(all four).cwsa
+    [0.325, 0.5]
+    >>> metric.reset()
+    >>> print(metric.compute().coverage.tolist())
+    [nan, nan]
+  """
+
+  def __init__(self, thresholds: Any, *, graded: bool = False, normalize: str = "retained"):
+    super().__init__(streaming.SweepState.configure(thresholds=thresholds, graded=graded,
+                                                    normalize=normalize))
+
+
+class CalibrationMetric(_StateMetric):
+  """Expected calibration error over equal-width bins (exact).
+
+  ``compute()`` equals :func:`~cwsa_jax.ece` (``binning="width"``, the same
+  ``num_bins`` and ``norm``) on every sample added since the last ``reset()``;
+  ``streaming_state().bins()`` gives the reliability-diagram bins.
+
+  Args:
+    num_bins: number of equal-width bins.
+    norm: ``"l1"`` (ECE), ``"l2"`` (RMS calibration error) or ``"max"`` (MCE).
+  """
+
+  def __init__(self, num_bins: int = 15, *, norm: str = "l1"):
+    super().__init__(streaming.CalibrationState.configure(num_bins=num_bins, norm=norm))
+
+
+class RiskCoverageMetric(_StateMetric):
+  """AURC and AUGRC (``"step"`` convention) from binned confidences, with guaranteed bounds.
+
+  ``compute()`` returns the :class:`~cwsa_jax.streaming.BinnedRiskCoverage` of
+  :class:`~cwsa_jax.streaming.RiskCoverageState`: the estimate, a lower and an
+  upper bound, and whether it is exact (every bin held one distinct
+  confidence).
+
+  Args:
+    mantissa_bits: ``2^mantissa_bits`` bins per octave of ``c`` below 1/2 and
+      of ``1 - c`` above it (default 8: 64,513 bins, 1.5 MB of state).
+  """
+
+  def __init__(self, mantissa_bits: int = 8):
+    super().__init__(streaming.RiskCoverageState.configure(mantissa_bits=mantissa_bits))

@@ -1,0 +1,301 @@
+"""The benchmarks' NumPy / torch baselines against the float64 references, and the scripts' smoke runs.
+
+The baselines of ``benchmarks/numpy_baselines.py`` are what the kit is timed
+and checked against, so each must equal an independent slow reference
+(``tests/reference.py``) on small data full of ties and edge values: c = 0
+and 1, confidences exactly on bin edges and on thresholds. The scripts
+(``bench_vs_numpy.py --quick``, ``accelerator.sh --quick``) must run and emit
+valid JSON; they run in subprocesses, started together, at tiny n. The bench's
+``bootstrap_sweep`` check reproduces the kit's own resamples in NumPy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import reference
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import numpy_baselines as nb  # noqa: E402
+
+CONVENTIONS = ("step", "trapezoid", "published_code")
+TOL = dict(rtol=1e-12, atol=1e-12)
+
+
+def edge_data(seed: int, n: int, accuracy: float | None = None):
+  """float32 confidences: half on special values (0, 1, the 15-bin edges, two-decimal ties,
+  0.5..0.99 grid thresholds), half uniform; correct with probability c (or ``accuracy``)."""
+  rng = np.random.default_rng(seed)
+  special = np.concatenate([[0.0, 1.0, -0.0], nb.width_edges(15), nb.width_edges(10),
+                            nb.default_thresholds(), np.round(rng.random(8), 2)]).astype(np.float32)
+  c = np.where(rng.random(n) < 0.5, rng.choice(special, n), rng.random(n)).astype(np.float32)
+  p = c if accuracy is None else accuracy
+  return c, rng.random(n) < p
+
+
+CASES = [edge_data(0, 300), edge_data(1, 64, accuracy=0.9), edge_data(2, 7), edge_data(3, 1),
+         edge_data(4, 40, accuracy=1.0), edge_data(5, 40, accuracy=0.0)]
+
+
+def assert_close(got, want, **tol):
+  np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64),
+                             **(tol or TOL))
+
+
+# --------------------------------------------------------------------------- binning
+
+
+@pytest.mark.parametrize("num_bins", [1, 2, 3, 7, 10, 15, 100])
+def test_width_bins_on_edges_and_their_neighbours(num_bins):
+  edges = nb.width_edges(num_bins)
+  c = np.concatenate([edges, np.nextafter(edges, np.float32(0)), np.nextafter(edges, np.float32(2))])
+  c = np.clip(c, 0, 1).astype(np.float32)
+  want = [max(b for b in range(num_bins) if edges[b] <= x) for x in c]
+  np.testing.assert_array_equal(nb.width_bins(c, num_bins), want)
+
+
+@pytest.mark.parametrize("thresholds", [
+    np.linspace(0.5, 0.99, 50), np.linspace(0.0, 0.999, 1000), [0.0], [0.3, 0.3, 0.7],
+    [0.1, 0.1000001, 0.1000002, 0.1000003, 0.1000004, 0.1000005, 0.5],  # a crowded cell: fallback
+    np.linspace(0.9, 0.9001, 5),
+])
+def test_bucketize_counts_thresholds_at_or_below(thresholds):
+  t = np.sort(np.asarray(thresholds, np.float32))
+  c, _ = edge_data(6, 500)
+  c = np.concatenate([c, t, np.nextafter(t, np.float32(0)), np.nextafter(t, np.float32(1))])
+  c = np.clip(c, 0, 1).astype(np.float32)
+  np.testing.assert_array_equal(nb.bucketize(c, t), np.searchsorted(t, c, side="right"))
+  np.testing.assert_array_equal(nb.bucketize(c, t, max_steps=100), np.searchsorted(t, c, side="right"))
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+@pytest.mark.parametrize("binning", ["width", "mass"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_ece_and_bins_match_reference(binning, case):
+  c, ok = CASES[case]
+  for num_bins in (1, 15):
+    for norm in ("l1", "l2", "max"):
+      want = reference.ece(c, ok, num_bins, norm, binning)
+      assert_close(nb.ece(c, ok, num_bins=num_bins, norm=norm, binning=binning), want)
+    assert_close(nb.ece(c, ok, num_bins=num_bins, binning=binning, gap_dtype=np.float32),
+                 reference.ece(c, ok, num_bins, "l1", binning), rtol=1e-6, atol=1e-7)
+    for graded in (ok, np.where(ok, 0.75, 0.125)):
+      got = nb.calibration_bins(c, graded, num_bins=num_bins, binning=binning)
+      for g, w in zip(got, reference.calibration_bins(c, graded, num_bins, binning)):
+        assert_close(g, w)
+
+
+# --------------------------------------------------------------------------- risk-coverage
+
+
+@pytest.mark.parametrize("convention", CONVENTIONS)
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_risk_coverage_areas_match_reference(convention, case):
+  c, ok = CASES[case]
+  got = nb.risk_coverage_areas(c, ok, convention=convention)
+  assert_close(got.aurc, reference.aurc(c, ok, convention))
+  assert_close(got.augrc, reference.aurc(c, ok, convention, generalized=True))
+  assert_close(got.eaurc, reference.eaurc(c, ok, convention))
+  assert nb.aurc(c, ok, convention=convention) == got.aurc
+  assert nb.augrc(c, ok, convention=convention) == got.augrc
+  assert nb.eaurc(c, ok, convention=convention) == got.eaurc
+
+
+def test_published_code_keeps_ties_in_input_order():
+  c = np.array([0.5, 0.5, 0.5, 0.9], np.float32)
+  for ok in ([True, False, False, True], [False, False, True, True]):
+    assert_close(nb.aurc(c, ok, convention="published_code"), reference.aurc(c, ok, "published_code"))
+  assert nb.aurc(c, [True, False, False, True], convention="published_code") != nb.aurc(
+      c, [False, False, True, True], convention="published_code")
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_curve_matches_reference(case):
+  c, ok = CASES[case]
+  got = nb.risk_coverage_curve(c, ok)
+  want = reference.risk_coverage_curve(c, ok)
+  m = got.num_points
+  assert m == len(want[0])
+  for g, w in zip(got[:4], want):
+    assert len(g) == len(c)
+    assert_close(g[:m], w)
+    assert np.all(g[m:] == g[m - 1])  # padded with the last point
+
+
+# --------------------------------------------------------------------------- sweep family
+
+
+def sweep_thresholds(c):
+  """Unsorted thresholds with duplicates, 0, values equal to confidences and the default grid."""
+  return np.concatenate([[0.97, 0.0, 0.5, 0.5], c[:5], nb.default_thresholds()[::7]]).clip(0, 0.999)
+
+
+@pytest.mark.parametrize("normalize", ["retained", "all"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_sweep_matches_reference(normalize, case):
+  c, ok = CASES[case]
+  th = sweep_thresholds(c).astype(np.float32)
+  for kappa in (ok, np.where(ok, 0.8, 0.1)):
+    want = reference.sweep(c, kappa, th, normalize)
+    for bucketing in ("table", "searchsorted"):
+      got = nb.sweep(c, kappa, th, normalize=normalize, bucketing=bucketing)
+      assert_close(np.stack(got, -1), want)
+    assert_close(np.stack(nb.sweep_per_threshold_loop(c, kappa, th, normalize=normalize), -1), want)
+
+
+def test_batched_sweep_equals_loop_over_models():
+  c = np.stack([edge_data(s, 200)[0] for s in range(4)])
+  ok = np.stack([edge_data(s, 200)[1] for s in range(4)])
+  th = np.linspace(0.5, 0.99, 50).astype(np.float32)
+  want = np.stack([reference.sweep(ci, ki, th) for ci, ki in zip(c, ok)])
+  assert_close(np.stack(nb.sweep(c, ok, th), -1), want)
+  assert_close(np.stack(nb.sweep_loop_over_models(c, ok, th), -1), want)
+
+
+@pytest.mark.parametrize("normalize", ["retained", "all"])
+def test_sweep_by_group_matches_reference(normalize):
+  c, ok = CASES[0]
+  groups = np.random.default_rng(7).integers(0, 4, len(c))  # group 4 of 5 stays empty
+  th = sweep_thresholds(c).astype(np.float32)
+  got = nb.sweep_by_group(c, ok, groups, th, num_groups=5, normalize=normalize)
+  want = reference.sweep_by_group(c, ok, groups, th, 5, normalize)
+  assert_close(np.stack(got, -1), want)
+  assert np.all(np.isnan(np.stack(got, -1)[4]))
+
+
+@pytest.mark.parametrize("metric", ["cwsa", "cwsa_plus", "selective_accuracy"])
+@pytest.mark.parametrize("constraints", [{}, {"min_coverage": 0.5}, {"max_risk": 0.2},
+                                         {"min_coverage": 0.3, "max_risk": 0.4}])
+def test_select_threshold_matches_reference(metric, constraints):
+  c, ok = CASES[0]
+  th = nb.default_thresholds()
+  got = nb.select_threshold(c, ok, metric=metric, **constraints)
+  want = reference.select_threshold(c, ok, th, metric, **constraints)
+  assert got.threshold == want[0]
+  assert_close(got[1:], want[1:])
+
+
+# --------------------------------------------------------------------------- bootstrap
+
+
+def test_bootstraps_with_given_resamples_match_reference_loops():
+  c, ok = edge_data(8, 150)
+  indices = np.random.default_rng(9).integers(0, len(c), (40, len(c)))
+  th = np.array([0.9, 0.5, 0.7], np.float32)
+  got = nb.bootstrap_sweep(c, ok, th, indices=indices)
+  want = reference.bootstrap(lambda a, b: reference.sweep(a, b, th), c, ok, indices)
+  for g, w in zip(got, want):
+    assert_close(np.stack(g, -1), w)
+  for convention in ("step", "trapezoid"):
+    got = nb.bootstrap_aurc(c, ok, convention=convention, indices=indices)
+    want = reference.bootstrap(lambda a, b: reference.aurc(a, b, convention), c, ok, indices)
+    assert_close(got, want)
+  got = nb.bootstrap_ece(c, ok, indices=indices)
+  assert_close(got, reference.bootstrap(lambda a, b: reference.ece(a, b), c, ok, indices))
+
+
+def test_bootstraps_draw_their_own_resamples():
+  c, ok = edge_data(10, 300)
+  r = nb.bootstrap_sweep(c, ok, np.array([0.5], np.float32), num_resamples=64)
+  assert r.low.cwsa[0] <= r.estimate.cwsa[0] <= r.high.cwsa[0]
+  a = nb.bootstrap_aurc(c, ok, num_resamples=64)
+  assert a.low <= a.estimate <= a.high
+
+
+# --------------------------------------------------------------------------- torch CPU
+
+
+@pytest.mark.skipif(not nb.HAVE_TORCH, reason="torch is not installed")
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_torch_baselines_match_reference(case):
+  torch = nb.load_torch()
+  c, ok = CASES[case]
+  tc, tok = torch.from_numpy(c), torch.from_numpy(ok)
+  for norm in ("l1", "l2", "max"):
+    assert_close(nb.torch_ece(tc, tok, norm=norm), reference.ece(c, ok, 15, norm))
+  for convention in CONVENTIONS:
+    got = nb.torch_risk_coverage_areas(tc, tok, convention=convention)
+    assert_close(got.aurc, reference.aurc(c, ok, convention))
+    assert_close(got.augrc, reference.aurc(c, ok, convention, generalized=True))
+    assert_close(got.eaurc, reference.eaurc(c, ok, convention))
+  th = sweep_thresholds(c).astype(np.float32)
+  assert_close(np.stack(nb.torch_sweep(tc, tok, th), -1), reference.sweep(c, ok, th))
+
+
+# --------------------------------------------------------------------------- the scripts
+
+
+@pytest.fixture(scope="module")
+def script_runs(tmp_path_factory):
+  """bench_vs_numpy.py --quick and accelerator.sh --quick, started together at tiny n."""
+  tmp = tmp_path_factory.mktemp("bench")
+  env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+  commands = {
+      "bench": [sys.executable, os.path.join(ROOT, "benchmarks", "bench_vs_numpy.py"), "--quick",
+                "--only", "ece,bootstrap_sweep", "--sizes", "300", "--repeats", "1",
+                "--out", str(tmp / "vs_numpy.json")],
+      "accelerator": ["bash", os.path.join(ROOT, "benchmarks", "accelerator.sh"), "--quick",
+                      "--only", "aurc", "--sizes", "300", "--repeats", "1",
+                      "--out", str(tmp / "gpu.json")],
+  }
+  env["PYTHON"] = sys.executable
+  procs = {name: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=env, cwd=ROOT) for name, cmd in commands.items()}
+  out = {}
+  for name, proc in procs.items():
+    stdout, stderr = proc.communicate(timeout=300)
+    out[name] = (proc.returncode, stdout, stderr)
+  return tmp, out
+
+
+def test_bench_vs_numpy_quick_emits_valid_json(script_runs):
+  tmp, out = script_runs
+  rc, stdout, stderr = out["bench"]
+  assert rc == 0, stderr[-3000:]
+  payload = json.loads(stdout)
+  assert payload == json.loads((tmp / "vs_numpy.json").read_text())
+  assert payload["benchmark"] == "vs_numpy" and payload["device"] and payload["jax"]
+  kernels = {(r["kernel"], r["options"].get("binning")) for r in payload["rows"]}
+  assert kernels == {("ece", "width"), ("ece", "mass"), ("bootstrap_sweep", None)}
+  for row in payload["rows"]:
+    assert "error" not in row, row
+    assert row["check"]["ok"], row  # bootstrap_sweep: the kit's own resamples, redone in NumPy
+    assert row["times"]["kit"]["min_s"] > 0 and row["ratio_kit_over_best"] > 0
+    assert row["load_average_before"] is not None
+  assert "resamples reproduced" in payload["rows"][-1]["check"]["note"]
+  assert "kit ms" in stderr
+
+
+def test_accelerator_quick_emits_valid_json(script_runs):
+  tmp, out = script_runs
+  rc, stdout, stderr = out["accelerator"]
+  assert rc == 0, stderr[-3000:]
+  payload = json.loads(stdout)
+  assert payload == json.loads((tmp / "gpu.json").read_text())
+  assert payload["benchmark"] == "accelerator" and payload["device_kind"] is not None
+  assert payload["spec_memory_bandwidth_bytes_per_s"] is None  # a CPU is not in the table
+  rows = payload["rows"]
+  assert rows and all("error" not in r and r["check"]["ok"] for r in rows), rows
+  aurc = [r for r in rows if r["kernel"] == "aurc"]
+  assert aurc and all(r["ratio_kit_over_lax_sort"] > 0 for r in aurc)
+  assert all(r["bytes_read"] == 5 * r["n"] for r in rows)
+  assert "aurc_over_lax_sort" in payload["goals"]
+
+
+def test_accelerator_bandwidth_table():
+  import accelerator
+  assert accelerator.spec_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12
+  assert accelerator.spec_bandwidth("NVIDIA H200") == 4.8e12
+  assert accelerator.spec_bandwidth("NVIDIA GH200 480GB") == 4.0e12
+  assert accelerator.spec_bandwidth("NVIDIA A100-SXM4-80GB") == 2.039e12
+  assert accelerator.spec_bandwidth("NVIDIA L40S") == 0.864e12
+  assert accelerator.spec_bandwidth("cpu") is None

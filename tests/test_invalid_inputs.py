@@ -1,0 +1,457 @@
+"""Invalid values: an error on concrete inputs, NaN (never a plausible number) inside jit and vmap.
+
+One table, every public metric x every invalid class it can receive x {eager, jit, vmap}:
+
+* eager (concrete arrays): ``ValueError`` naming the offending argument;
+* ``jax.jit``: the result is NaN;
+* ``jax.vmap`` over a batch of [valid, invalid]: the invalid row is NaN, the valid row
+  equals the eager result.
+
+Each function is jitted (and vmapped) once per input dtype and reused across classes, so
+the whole table compiles about four times per function.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import checkify
+
+import cwsa_jax as cw
+from cwsa_jax import _validation
+from cwsa_jax import losses
+from cwsa_jax import streaming
+
+KEY = jax.random.key(0)
+N = 8
+K = 3
+BAD = 2  # the sample (or row) an invalid class corrupts
+
+
+def _probs() -> np.ndarray:
+  rng = np.random.default_rng(0)
+  p = rng.dirichlet(np.ones(K), size=N)
+  return (p / p.sum(-1, keepdims=True)).astype(np.float32)
+
+
+BASE = dict(
+    c=np.array([0.95, 0.9, 0.8, 0.75, 0.7, 0.62, 0.55, 0.3], np.float32),
+    k=np.array([1, 1, 0, 1, 1, 0, 1, 0], np.int32),
+    tau=np.float32(0.6),
+    t=np.array([0.5, 0.7], np.float32),
+    temp=np.float32(0.05),
+    cov=np.float32(0.5),
+    risk=np.float32(0.25),
+    groups=np.array([0, 1, 0, 1, 0, 1, 0, 1], np.int32),
+    probs=_probs(),
+    labels=np.array([0, 1, 2, 0, 1, 2, 0, 1], np.int32),
+    logits=np.log(_probs()),
+    weight=np.float32(0.5),
+    gamma=np.float32(2.0),
+)
+KEYS = tuple(BASE)
+
+
+# --------------------------------------------------------------------------- invalid classes
+
+
+class Invalid(NamedTuple):
+  key: str                       # which input it corrupts
+  corrupt: Callable[[np.ndarray], np.ndarray]
+  match: str                     # the eager ValueError names this
+
+
+def _at(value, dtype=None):
+  def corrupt(x):
+    x = np.array(x, dtype=dtype or x.dtype)
+    x[BAD] = value
+    return x
+  return corrupt
+
+
+def _const(value):
+  return lambda x: np.full_like(x, value)
+
+
+def _row(values):
+  def corrupt(x):
+    x = np.array(x)
+    x[BAD] = values
+    return x
+  return corrupt
+
+
+CLASSES = {
+    "confidence_nan": Invalid("c", _at(np.nan), "confidences"),
+    "confidence_inf": Invalid("c", _at(np.inf), "confidences"),
+    "confidence_above_1": Invalid("c", _at(1.5), "confidences"),
+    "confidence_below_0": Invalid("c", _at(-0.1), "confidences"),
+    "correct_integer_2": Invalid("k", _at(2), "correct"),
+    "correct_graded_above_1": Invalid("k", _at(1.5, np.float32), "correct"),
+    "correct_graded_nan": Invalid("k", _at(np.nan, np.float32), "correct"),
+    "tau_nan": Invalid("tau", _const(np.nan), "tau"),
+    "tau_inf": Invalid("tau", _const(np.inf), "tau"),
+    "tau_1": Invalid("tau", _const(1.0), "tau"),
+    "tau_negative": Invalid("tau", _const(-0.1), "tau"),
+    "thresholds_nan": Invalid("t", _const(np.nan), "thresholds"),
+    "thresholds_1": Invalid("t", _const(1.0), "thresholds"),
+    "thresholds_negative": Invalid("t", _const(-0.5), "thresholds"),
+    "temperature_0": Invalid("temp", _const(0.0), "temperature"),
+    "temperature_negative": Invalid("temp", _const(-0.05), "temperature"),
+    "temperature_nan": Invalid("temp", _const(np.nan), "temperature"),
+    "temperature_inf": Invalid("temp", _const(np.inf), "temperature"),
+    "coverage_target_0": Invalid("cov", _const(0.0), "coverage"),
+    "coverage_target_above_1": Invalid("cov", _const(1.5), "coverage"),
+    "coverage_target_nan": Invalid("cov", _const(np.nan), "coverage"),
+    "risk_target_negative": Invalid("risk", _const(-0.1), "risk"),
+    "risk_target_nan": Invalid("risk", _const(np.nan), "risk"),
+    "groups_out_of_range": Invalid("groups", _at(2), "groups"),
+    "groups_negative": Invalid("groups", _at(-1), "groups"),
+    "probs_sum_0.8": Invalid("probs", lambda p: _row(p[BAD] * 0.8)(p), "probs"),
+    "probs_outside_0_1": Invalid("probs", _row([1.5, -0.5, 0.0]), "probs"),
+    "probs_nan": Invalid("probs", _row([np.nan, 0.5, 0.5]), "probs"),
+    "labels_K": Invalid("labels", _at(K), "labels"),
+    "labels_negative": Invalid("labels", _at(-1), "labels"),
+    "logits_nan": Invalid("logits", _row([np.nan, 0.0, 0.0]), "logits|probs"),
+    "logits_inf": Invalid("logits", _row([np.inf, 0.0, 0.0]), "logits|probs"),
+    "weight_negative": Invalid("weight", _const(-1.0), "weight"),
+    "weight_nan": Invalid("weight", _const(np.nan), "weight"),
+    "gamma_negative": Invalid("gamma", _const(-1.0), "gamma"),
+    "gamma_inf": Invalid("gamma", _const(np.inf), "gamma"),
+}
+
+CONFIDENCE = ["confidence_nan", "confidence_inf", "confidence_above_1", "confidence_below_0"]
+CORRECT = ["correct_integer_2", "correct_graded_above_1", "correct_graded_nan"]
+SAMPLES = CONFIDENCE + CORRECT
+TAU = ["tau_nan", "tau_inf", "tau_1", "tau_negative"]
+THRESHOLDS = ["thresholds_nan", "thresholds_1", "thresholds_negative"]
+TEMPERATURE = ["temperature_0", "temperature_negative", "temperature_nan", "temperature_inf"]
+GROUPS = ["groups_out_of_range", "groups_negative"]
+PROBS = ["probs_sum_0.8", "probs_outside_0_1", "probs_nan"]
+LABELS = ["labels_K", "labels_negative"]
+LOGITS = ["logits_nan", "logits_inf"]
+WEIGHT = ["weight_negative", "weight_nan"]
+GAMMA = ["gamma_negative", "gamma_inf"]
+
+
+# --------------------------------------------------------------------------- public functions
+
+
+def _stack(result) -> jax.Array:
+  """The floating leaves of a result, flattened into one vector per batch row."""
+  leaves = [x for x in jax.tree_util.tree_leaves(result)
+            if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)]
+  return jnp.concatenate([jnp.reshape(x, x.shape[:0] + (-1,)) for x in leaves])
+
+
+def _sweep_fields(r) -> jax.Array:
+  return _stack((r.coverage, r.selective_accuracy, r.cwsa, r.cwsa_plus))
+
+
+def _drop_estimate_b(r):
+  return (r.estimate_a, r.difference, r.low, r.high, r.p_value)
+
+
+# Module-level metrics for the bootstrap: one static function, so one compilation.
+def _cwsa_06(c, k):
+  return cw.cwsa(c, k, 0.6)
+
+
+def _aurc(c, k):
+  return cw.aurc(c, k)
+
+
+def _ece(c, k):
+  return cw.ece(c, k)
+
+
+# name -> (function of the inputs dict, its invalid classes, per_sample): per_sample outputs
+# are NaN only at the corrupted sample; every other output is NaN as a whole.
+FUNCTIONS = {
+    "cwsa": (lambda a: cw.cwsa(a["c"], a["k"], a["tau"]), SAMPLES + TAU),
+    "cwsa_plus": (lambda a: cw.cwsa_plus(a["c"], a["k"], a["tau"]), SAMPLES + TAU),
+    "coverage": (lambda a: cw.coverage(a["c"], a["tau"]), CONFIDENCE + TAU),
+    "selective_accuracy": (lambda a: cw.selective_accuracy(a["c"], a["k"], a["tau"]),
+                           SAMPLES + TAU),
+    "sweep": (lambda a: _sweep_fields(cw.sweep(a["c"], a["k"], a["t"])), SAMPLES + THRESHOLDS),
+    "sweep_by_group": (lambda a: _sweep_fields(cw.sweep_by_group(
+        a["c"], a["k"], a["groups"], a["t"], num_groups=2)), SAMPLES + THRESHOLDS + GROUPS),
+    "group_gap": (lambda a: cw.group_gap(cw.sweep_by_group(
+        a["c"], a["k"], a["groups"], a["t"], num_groups=2)), SAMPLES + THRESHOLDS + GROUPS),
+    "aumcc": (lambda a: cw.aumcc(a["c"], a["k"], a["t"]), SAMPLES + THRESHOLDS),
+    "contributions": (lambda a: cw.contributions(a["c"], a["k"], a["tau"]).terms, SAMPLES + TAU),
+    "ece": (lambda a: cw.ece(a["c"], a["k"]), SAMPLES),
+    "calibration_bins": (lambda a: cw.calibration_bins(a["c"], a["k"], num_bins=2).accuracy,
+                         SAMPLES),
+    "aurc": (lambda a: cw.aurc(a["c"], a["k"]), SAMPLES),
+    "augrc": (lambda a: cw.augrc(a["c"], a["k"], convention="trapezoid"), SAMPLES),
+    "eaurc": (lambda a: cw.eaurc(a["c"], a["k"]), SAMPLES),
+    "risk_coverage_summary": (lambda a: _stack(cw.risk_coverage_summary(a["c"], a["k"])[:2]),
+                              SAMPLES),
+    "risk_coverage_curve": (lambda a: _stack(cw.risk_coverage_curve(a["c"], a["k"])), SAMPLES),
+    "risk_at_coverage": (lambda a: cw.risk_at_coverage(a["c"], a["k"], a["cov"]),
+                         SAMPLES + ["coverage_target_0", "coverage_target_above_1",
+                                    "coverage_target_nan"]),
+    "coverage_at_risk": (lambda a: cw.coverage_at_risk(a["c"], a["k"], a["risk"]),
+                         SAMPLES + ["risk_target_negative", "risk_target_nan"]),
+    "soft_cwsa": (lambda a: cw.soft_cwsa(a["c"], a["k"], a["tau"], temperature=a["temp"]),
+                  SAMPLES + TAU + TEMPERATURE),
+    "soft_cwsa_plus": (lambda a: cw.soft_cwsa_plus(a["c"], a["k"], a["tau"],
+                                                   temperature=a["temp"]),
+                       SAMPLES + TAU + TEMPERATURE),
+    "soft_cwsa_sweep": (lambda a: cw.soft_cwsa_sweep(a["c"], a["k"], a["t"],
+                                                     temperature=a["temp"]),
+                        SAMPLES + THRESHOLDS + TEMPERATURE),
+    "soft_cwsa_band_area": (lambda a: cw.soft_cwsa_band_area(a["c"], a["k"],
+                                                             temperature=a["temp"]),
+                            SAMPLES + TEMPERATURE),
+    "brier_score": (lambda a: cw.brier_score(a["probs"], a["labels"]), PROBS + LABELS),
+    "nll": (lambda a: cw.nll(a["probs"], a["labels"]), PROBS + LABELS),
+    "brier_score_logits": (lambda a: cw.brier_score(a["logits"], a["labels"], from_logits=True),
+                           LOGITS + LABELS),
+    "nll_logits": (lambda a: cw.nll(a["logits"], a["labels"], from_logits=True), LOGITS + LABELS),
+    "fit_temperature": (lambda a: cw.fit_temperature(a["logits"], a["labels"]), LOGITS + LABELS),
+    "bootstrap_ci": (lambda a: _stack(cw.bootstrap_ci(
+        _cwsa_06, a["c"], a["k"], key=KEY, num_resamples=4)), SAMPLES),
+    "bootstrap_samples": (lambda a: cw.bootstrap_samples(
+        _aurc, a["c"], a["k"], key=KEY, num_resamples=4), SAMPLES),
+    # estimate_b is model b's value: valid, so left out.
+    "paired_bootstrap": (lambda a: _stack(_drop_estimate_b(cw.paired_bootstrap(
+        _ece, a["c"], a["k"], BASE["c"], BASE["k"], key=KEY, num_resamples=4))), SAMPLES),
+    "bootstrap_sweep": (lambda a: _stack(cw.bootstrap_sweep(
+        a["c"], a["k"], a["t"], key=KEY, num_resamples=4).estimate[1:]), SAMPLES + THRESHOLDS),
+    "SweepState.compute": (lambda a: _sweep_fields(streaming.SweepState.from_batch(
+        a["c"], a["k"], a["t"]).compute()), SAMPLES + THRESHOLDS),
+    "CalibrationState.compute": (lambda a: streaming.CalibrationState.from_batch(
+        a["c"], a["k"]).compute(), SAMPLES),
+    "RiskCoverageState.compute": (lambda a: _stack(streaming.RiskCoverageState.from_batch(
+        a["c"], a["k"], mantissa_bits=2).compute()), SAMPLES),
+    "losses.cwsa_surrogate_loss": (lambda a: losses.cwsa_surrogate_loss(
+        a["logits"], a["labels"], tau=a["tau"], temperature=a["temp"]),
+                                   LOGITS + LABELS + TAU + TEMPERATURE),
+    "losses.cwsa_regularized_loss": (lambda a: losses.cwsa_regularized_loss(
+        a["logits"], a["labels"], weight=a["weight"], tau=a["tau"], temperature=a["temp"]),
+                                     LOGITS + LABELS + TAU + TEMPERATURE + WEIGHT),
+    "losses.focal_loss": (lambda a: losses.focal_loss(a["logits"], a["labels"], gamma=a["gamma"]),
+                          LOGITS + LABELS + GAMMA),
+    "losses.inverse_focal_loss": (lambda a: losses.inverse_focal_loss(
+        a["logits"], a["labels"], gamma=a["gamma"]), LOGITS + LABELS + GAMMA),
+    "losses.soft_aurc_loss": (lambda a: losses.soft_aurc_loss(
+        a["logits"], a["labels"], temperature=a["temp"]), LOGITS + LABELS + TEMPERATURE),
+    "losses.soft_aurc_regularized_loss": (lambda a: losses.soft_aurc_regularized_loss(
+        a["logits"], a["labels"], weight=a["weight"], temperature=a["temp"]),
+                                          LOGITS + LABELS + TEMPERATURE + WEIGHT),
+}
+PER_SAMPLE = {
+    "confidences_from_probs": (lambda a: cw.confidences_from_probs(a["probs"], a["labels"])[0],
+                               PROBS + LABELS),
+    "confidences_from_logits": (lambda a: cw.confidences_from_logits(a["logits"], a["labels"])[0],
+                                LOGITS + LABELS),
+    "confidence_scores": (lambda a: cw.confidence_scores(a["logits"], method="margin"), LOGITS),
+}
+ALL = {**FUNCTIONS, **PER_SAMPLE}
+
+CASES = [(name, cls) for name, (_, classes) in ALL.items() for cls in classes]
+
+
+def _inputs(cls: str | None) -> dict:
+  inputs = dict(BASE)
+  if cls is not None:
+    bad = CLASSES[cls]
+    inputs[bad.key] = bad.corrupt(BASE[bad.key])
+  return inputs
+
+
+def _valid_like(cls: str) -> dict:
+  """Valid inputs of the same dtypes as the class's (graded classes use float correctness)."""
+  inputs = dict(BASE)
+  bad = CLASSES[cls]
+  inputs[bad.key] = np.asarray(BASE[bad.key], bad.corrupt(BASE[bad.key]).dtype)
+  return inputs
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted(name: str):
+  fn = ALL[name][0]
+  return jax.jit(lambda *args: fn(dict(zip(KEYS, args))))
+
+
+def _dtypes(inputs: dict) -> tuple:
+  return tuple(np.asarray(inputs[key]).dtype.str for key in KEYS)
+
+
+@functools.lru_cache(maxsize=None)
+def _vmapped(name: str, dtypes: tuple):
+  """jit(vmap(fn)) over a batch [valid, one row per invalid class of these input dtypes].
+
+  One call (and one compilation) per function and dtype group; returns the batched
+  output, the row of each class, and the eager result of the valid row.
+  """
+  fn = ALL[name][0]
+  classes = [cls for cls in ALL[name][1] if _dtypes(_inputs(cls)) == dtypes]
+  rows = [_valid_like(classes[0])] + [_inputs(cls) for cls in classes]
+  batch = [np.stack([row[key] for row in rows]) for key in KEYS]
+  out = np.asarray(jax.jit(jax.vmap(lambda *args: fn(dict(zip(KEYS, args)))))(*batch))
+  eager = np.asarray(fn(rows[0]))
+  return out, {cls: i + 1 for i, cls in enumerate(classes)}, eager
+
+
+def _expected_nan(name: str, out: np.ndarray) -> np.ndarray:
+  if name in PER_SAMPLE:
+    mask = np.zeros(out.shape, bool)
+    mask[..., BAD] = True
+    return mask
+  return np.ones(out.shape, bool)
+
+
+def _assert_nan_where_expected(name, out):
+  out = np.asarray(out)
+  expected = _expected_nan(name, out)
+  assert np.all(np.isnan(out[expected])), out
+  assert not np.any(np.isnan(out[~expected])), out
+
+
+@pytest.mark.parametrize("name, cls", CASES)
+def test_eager_raises_value_error_naming_the_problem(name, cls):
+  with pytest.raises(ValueError, match=CLASSES[cls].match):
+    ALL[name][0](_inputs(cls))
+
+
+@pytest.mark.parametrize("name, cls", CASES)
+def test_under_jit_gives_nan(name, cls):
+  inputs = _inputs(cls)
+  out = _jitted(name)(*(inputs[key] for key in KEYS))
+  _assert_nan_where_expected(name, out)
+
+
+@pytest.mark.parametrize("name, cls", CASES)
+def test_under_vmap_only_the_invalid_row_is_nan(name, cls):
+  out, row, eager = _vmapped(name, _dtypes(_inputs(cls)))
+  # The valid row (row 0) is the eager result; the other classes' rows do not leak into it.
+  assert np.isfinite(eager).all()
+  np.testing.assert_allclose(out[0], eager, rtol=2e-6, atol=1e-7)
+  _assert_nan_where_expected(name, out[row[cls]])
+
+
+# --------------------------------------------------------------------------- more detail
+
+
+def test_integer_correctness_stays_integer_until_checked():
+  c, tau = jnp.asarray(BASE["c"]), 0.6
+  two = jnp.asarray(BASE["k"]).at[0].set(2)
+  for fn in (lambda k: cw.cwsa(c, k, tau), lambda k: cw.sweep(c, k, BASE["t"]).cwsa,
+             lambda k: cw.ece(c, k), lambda k: cw.aurc(c, k)):
+    assert np.all(np.isnan(np.asarray(jax.jit(fn)(two))))
+    np.testing.assert_allclose(jax.jit(fn)(jnp.asarray(BASE["k"])), fn(BASE["k"] == 1),
+                               rtol=1e-6)
+
+
+def test_one_invalid_threshold_is_nan_only_in_its_column():
+  t = jnp.array([0.5, jnp.nan, 0.7, 1.0, -0.5])
+  c, k = BASE["c"], BASE["k"]
+  good = np.array([True, False, True, False, False])
+  reference = cw.sweep(c, k, np.asarray(t)[good])
+  for fields in (jax.jit(cw.sweep)(c, k, t),
+                 jax.jit(lambda c, k, t: streaming.SweepState.from_batch(c, k, t).compute())(
+                     c, k, t)):
+    for field in ("coverage", "selective_accuracy", "cwsa", "cwsa_plus"):
+      values = np.asarray(getattr(fields, field))
+      assert np.all(np.isnan(values[~good]))
+      np.testing.assert_array_equal(values[good], getattr(reference, field))
+  groups = jax.jit(lambda t: cw.sweep_by_group(c, k, BASE["groups"], t, num_groups=2).cwsa)(t)
+  assert np.all(np.isnan(np.asarray(groups)[:, ~good]))
+  assert np.all(np.isfinite(np.asarray(groups)[:, good]))
+  soft = np.asarray(jax.jit(lambda t: cw.soft_cwsa_sweep(c, k, t))(t))
+  assert np.all(np.isnan(soft[~good])) and np.all(np.isfinite(soft[good]))
+  # The area over a curve cannot drop a point silently: any invalid threshold makes it NaN.
+  assert np.isnan(float(jax.jit(lambda t: cw.aumcc(c, k, t))(t)))
+
+
+def test_explicit_batch_axes_mark_only_the_invalid_row():
+  c = np.stack([BASE["c"], BASE["c"]])
+  c[1, BAD] = np.nan
+  k = np.stack([BASE["k"], BASE["k"]])
+  for fn in (lambda c, k: cw.cwsa(c, k, 0.6), lambda c, k: cw.sweep(c, k, BASE["t"]).cwsa,
+             lambda c, k: cw.ece(c, k), lambda c, k: cw.aurc(c, k),
+             lambda c, k: cw.risk_at_coverage(c, k, jnp.array([0.5, 1.0]))):
+    out = np.asarray(jax.jit(fn)(c, k))
+    np.testing.assert_allclose(out[0], fn(BASE["c"], BASE["k"]), rtol=1e-6)
+    assert np.all(np.isnan(out[1]))
+  probs = np.stack([BASE["probs"], BASE["probs"]])
+  probs[1, BAD] *= 0.8
+  labels = np.stack([BASE["labels"], BASE["labels"]])
+  out = np.asarray(jax.jit(cw.brier_score)(probs, labels))
+  assert np.isfinite(out[0]) and np.isnan(out[1])
+
+
+def test_one_tolerance_for_probability_rows():
+  tol = _validation.PROBABILITY_TOLERANCE
+  labels = BASE["labels"][:2]
+  base = np.array([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6]], np.float64)
+  functions = (cw.brier_score, cw.nll, lambda p, y: cw.confidences_from_probs(p, y).confidences)
+  for scale in (1 + tol / 2, 1 - tol / 2):
+    for fn in functions:
+      assert np.all(np.isfinite(np.asarray(fn(base * scale, labels))))
+      assert np.all(np.isfinite(np.asarray(jax.jit(fn)(base * scale, labels))))
+  for scale in (1 + 2 * tol, 1 - 2 * tol):
+    for fn in functions:
+      with pytest.raises(ValueError, match="sum to 1"):
+        fn(base * scale, labels)
+      assert np.any(np.isnan(np.asarray(jax.jit(fn)(base * scale, labels))))
+
+
+def test_wrong_dtypes_raise_type_error():
+  with pytest.raises(TypeError, match="confidences"):
+    cw.cwsa(np.array([True, False]), np.array([True, False]), 0.5)
+  with pytest.raises(TypeError, match="labels"):
+    cw.nll(BASE["probs"], BASE["labels"].astype(np.float32) + 0.5 > 1)
+  with pytest.raises(TypeError, match="correct"):
+    cw.ece(BASE["c"], np.array(["a"] * N))
+  # Still a ValueError for callers that catch that.
+  with pytest.raises(ValueError, match="confidences"):
+    cw.sweep(np.array([True]), np.array([True]), [0.5])
+
+
+def test_rank_metric_range_rule_is_one_switch(monkeypatch):
+  c = BASE["c"] * 10.0 - 3.0  # finite real scores outside [0, 1]
+  with pytest.raises(ValueError, match="confidences"):
+    cw.aurc(c, BASE["k"])
+  monkeypatch.setattr(_validation, "SCORES_IN_UNIT_INTERVAL", False)
+  assert np.isfinite(float(cw.aurc(np.clip(c, 0, 1), BASE["k"])))
+  cw.aurc(c, BASE["k"])  # accepted: only finiteness is required
+  with pytest.raises(ValueError, match="NaN"):
+    cw.aurc(np.where(np.arange(N) == BAD, np.nan, c), BASE["k"])
+  with pytest.raises(ValueError, match="confidences"):
+    cw.cwsa(c, BASE["k"], 0.5)  # the CWSA family still needs [0, 1]
+
+
+def test_host_only_functions_refuse_tracers():
+  with pytest.raises(TypeError, match="select_threshold"):
+    jax.jit(lambda c: cw.select_threshold(c, BASE["k"]).threshold)(BASE["c"])
+  with pytest.raises(ValueError, match="confidences"):
+    cw.select_threshold(np.where(np.arange(N) == BAD, 1.5, BASE["c"]), BASE["k"])
+  r = cw.contributions(BASE["c"], BASE["k"], 0.6)
+  with pytest.raises(TypeError, match="most_damaging"):
+    jax.jit(lambda terms: cw.most_damaging(cw.Contributions(terms, r.retained)))(r.terms)
+  with pytest.raises(ValueError, match="NaN"):
+    cw.most_damaging(cw.Contributions(r.terms.at[0].set(jnp.nan), r.retained))
+
+
+@pytest.mark.parametrize("name, cls", [
+    ("cwsa", "correct_integer_2"), ("sweep", "thresholds_nan"), ("ece", "confidence_above_1"),
+    ("aurc", "confidence_nan"), ("soft_cwsa", "tau_nan"), ("brier_score", "probs_sum_0.8"),
+    ("confidences_from_logits", "labels_K"), ("risk_at_coverage", "coverage_target_0"),
+])
+def test_checkify_reports_the_problem(name, cls):
+  fn = ALL[name][0]
+  checked = checkify.checkify(jax.jit(lambda *args: fn(dict(zip(KEYS, args)))),
+                              errors=checkify.user_checks)
+  error, _ = checked(*(_inputs(cls)[key] for key in KEYS))
+  assert error.get() is not None and CLASSES[cls].match.split("|")[0] in error.get()
+  error, _ = checked(*(_valid_like(cls)[key] for key in KEYS))
+  assert error.get() is None
