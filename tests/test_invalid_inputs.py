@@ -382,6 +382,11 @@ def test_explicit_batch_axes_mark_only_the_invalid_row():
     out = np.asarray(jax.jit(fn)(c, k))
     np.testing.assert_allclose(out[0], fn(BASE["c"], BASE["k"]), rtol=1e-6)
     assert np.all(np.isnan(out[1]))
+  bins = jax.jit(lambda c, k: cw.calibration_bins(c, k, num_bins=2))(c, k)
+  assert np.all(np.asarray(bins.count)[1] == -1) and np.all(np.asarray(bins.count)[0] >= 0)
+  assert np.all(np.isnan(np.asarray(bins.accuracy)[1]))
+  curve = jax.jit(cw.risk_coverage_curve)(c, k)
+  assert int(curve.num_points[1]) == -1 and int(curve.num_points[0]) == N
   probs = np.stack([BASE["probs"], BASE["probs"]])
   probs[1, BAD] *= 0.8
   labels = np.stack([BASE["labels"], BASE["labels"]])
