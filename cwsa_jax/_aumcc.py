@@ -95,7 +95,7 @@ def aumcc(confidences: Any, correct: Any, thresholds: Any, *, metric: str = "cws
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from cwsa_jax._aumcc import aumcc
+    >>> from cwsa_jax import aumcc
     >>> c = jnp.array([0.95, 0.9, 0.8, 0.7, 0.6])
     >>> ok = jnp.array([True, True, False, True, False])
     >>> tau = jnp.array([0.5, 0.75, 0.85])

@@ -53,6 +53,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax import lax
+
+from cwsa_jax import _calibration
 from cwsa_jax import _exact
 from cwsa_jax import _stats
 from cwsa_jax import _sweep
@@ -387,10 +390,13 @@ def _check_data(confidences: Any, correct: Any, suffix: str = ""):
   return _validation.poison(c, rows=invalid), _validation.convert_correct(k)
 
 
-def _check_common(fn: Any, key: Any, num_resamples: Any, chunk_size: Any, n: int):
-  """Validated (key, num_resamples, chunk_size), the chunk size defaulted and capped at B."""
+def _check_fn(fn: Any) -> None:
   if not callable(fn):
     raise ValueError(f"fn must be a function (confidences, correct) -> metric, got {type(fn).__name__}")
+
+
+def _check_common(key: Any, num_resamples: Any, chunk_size: Any, n: int):
+  """Validated (key, num_resamples, chunk_size), the chunk size defaulted and capped at B."""
   key = _check_key(key)
   num_resamples = _validation.positive_int(num_resamples, "num_resamples")
   if chunk_size is None:
@@ -426,7 +432,8 @@ def bootstrap_samples(fn: Callable, confidences, correct, *, key, num_resamples:
     (5,)
   """
   c, k = _check_data(confidences, correct)
-  key, num_resamples, chunk_size = _check_common(fn, key, num_resamples, chunk_size, c.shape[0])
+  _check_fn(fn)
+  key, num_resamples, chunk_size = _check_common(key, num_resamples, chunk_size, c.shape[0])
   if _traced(c, k, key):
     return _samples_jit(fn, c, k, key, num_resamples, chunk_size)
   return _run_blocks(lambda start, size, chunks: _block_jit(fn, c, k, key, start, size, chunks),
@@ -493,7 +500,8 @@ def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int 
     0.250 [-0.100, 0.551]
   """
   c, k = _check_data(confidences, correct)
-  key, num_resamples, chunk_size = _check_common(fn, key, num_resamples, chunk_size, c.shape[0])
+  _check_fn(fn)
+  key, num_resamples, chunk_size = _check_common(key, num_resamples, chunk_size, c.shape[0])
   level = _check_level(level)
   if _traced(c, k, key, level):
     return _ci_jit(fn, c, k, key, jnp.float32(level), num_resamples, chunk_size)
@@ -555,8 +563,8 @@ def paired_bootstrap(fn: Callable, confidences_a, correct_a, confidences_b, corr
     raise ValueError(
         f"models a and b must be scored on the same samples: got n = {c_a.shape[0]} and "
         f"n = {c_b.shape[0]}")
-  key, num_resamples, chunk_size = _check_common(fn, key, num_resamples, chunk_size,
-                                                 c_a.shape[0])
+  _check_fn(fn)
+  key, num_resamples, chunk_size = _check_common(key, num_resamples, chunk_size, c_a.shape[0])
   level = _check_level(level)
   if _traced(c_a, k_a, c_b, k_b, key, level):
     return _paired_jit(fn, c_a, k_a, c_b, k_b, key, jnp.float32(level), num_resamples, chunk_size)
@@ -666,8 +674,7 @@ def bootstrap_sweep(confidences, correct, thresholds, *, key, num_resamples: int
   _stats.check_normalize(normalize)
   c, k = _check_data(confidences, correct)
   t = _validation.as_thresholds(thresholds)
-  key, num_resamples, chunk_size = _check_common(lambda: None, key, num_resamples, chunk_size,
-                                                 c.shape[0])
+  key, num_resamples, chunk_size = _check_common(key, num_resamples, chunk_size, c.shape[0])
   level = _check_level(level)
   # Resamples gather exact integer columns: no derivative (an error, not a zero).
   no_gradient = ("bootstrap_sweep resamples exact integer sums and has no derivative; use "
@@ -683,3 +690,263 @@ def bootstrap_sweep(confidences, correct, thresholds, *, key, num_resamples: int
                                                    normalize, size, chunks),
       num_resamples, chunk_size, c.shape[0])
   return BootstrapResult(estimate, *_interval_jit(samples, jnp.float32(level)))
+
+
+# --- every metric of the evaluation report, from one sort ---------------------------------
+#
+# Each resample is evaluated in two parts that share nothing with a sort:
+#
+# * the sweep and the equal-width calibration bins are sums over buckets of
+#   the merged grid (the thresholds and the bin edges): the resample's
+#   confidences and correctness are gathered as one packed int32 per draw
+#   (the correctness in the sign bit of the confidence's bit pattern) and
+#   summed by the sweep's own pipeline (``_sweep.bucket_sums``); the retained
+#   set of each threshold and each bin is then a range of buckets;
+# * AURC, AUGRC and E-AURC need the samples in confidence order: the samples
+#   are sorted once, and resample b is the vector of multiplicities
+#   m_i = #{j : i_bj = i} over that order (a count of its indices). The
+#   risk-coverage points are at the tie-group ends, at K = the prefix sum of
+#   m and E = the prefix sum of m (1 - kappa): one sequential pass, no sort.
+
+_SCAN_BLOCK = 1024
+
+
+class EvaluationMetrics(NamedTuple):
+  """The metrics of ``cwsa-jax evaluate`` with an interval (scalars, and [T] sweep fields)."""
+  accuracy: Any
+  ece: Any
+  aurc: Any
+  eaurc: Any
+  augrc: Any
+  coverage: Any
+  selective_accuracy: Any
+  cwsa: Any
+  cwsa_plus: Any
+
+
+class _Evaluation(NamedTuple):
+  """The data of one evaluation bootstrap, prepared once."""
+  packed: jax.Array        # [n] int32: bit pattern of c, correct in the sign bit (input order)
+  rank: jax.Array | None   # [n] sorted position of sample i (None: the input is sorted)
+  correct: jax.Array       # [n] bool, sorted order
+  group_end: jax.Array     # [n] bool, sorted order: last sample of its tie group
+  grid: jax.Array          # [G] merged sorted grid of thresholds and interior bin edges
+  retained: jax.Array      # [T] bucket where the retained set of each sorted threshold starts
+  bins: jax.Array          # [B + 1] bucket where each bin starts (and G + 1)
+
+
+class _Plan(NamedTuple):
+  """Static choices of one evaluation bootstrap."""
+  num_thresholds: int
+  num_bins: int
+  ece_norm: str
+  convention: str
+  normalize: str
+
+
+def _sum_float(x: jax.Array) -> jax.Array:
+  """float32 sum in two levels (blocks of 1024, then the block sums): small rounding error."""
+  size = 1024
+  padded = jnp.pad(x, (0, -x.shape[-1] % size))
+  return jnp.sum(jnp.sum(padded.reshape(-1, size), axis=-1))
+
+
+def _harmonic_tail(n: int) -> np.ndarray:
+  """float32 [n + 1]: entry j is sum_{k = j + 1}^{n} 1/k (float64, then rounded)."""
+  inverse = 1.0 / np.arange(1, n + 1, dtype=np.float64)
+  return np.concatenate([np.cumsum(inverse[::-1])[::-1], [0.0]]).astype(np.float32)
+
+
+def _unpack(packed: jax.Array) -> tuple[jax.Array, jax.Array]:
+  return lax.bitcast_convert_type(packed & 0x7FFFFFFF, jnp.float32), packed < 0
+
+
+def _sweep_and_calibration(confidences, correct, data: _Evaluation, thresholds, order, plan):
+  """The sweep and the ECE of samples [n], from one pass of the sweep's pipeline."""
+  hi, lo = _sweep.suffix_sums(*_sweep.bucket_sums(confidences, correct, data.grid))  # [G + 1, 6]
+  hi = jnp.concatenate([hi, jnp.zeros_like(hi[:1])])  # suffix from G + 1: nothing
+  lo = jnp.concatenate([lo, jnp.zeros_like(lo[:1])])
+  out = {}
+  n = confidences.shape[0]
+  out["accuracy"] = (hi[0, 3] * 4096 + lo[0, 3]).astype(jnp.float32) / n
+  rows = jnp.concatenate([jnp.zeros((1,), jnp.int32), data.retained])  # entry 0: everything
+  sums = _stats.sums_from_columns(_exact.to_float(hi[rows], lo[rows]), False)
+  result = _stats.renormalize(
+      _sweep.result_from_sums(sums, thresholds, order, jnp.zeros((), bool)), plan.normalize)
+  out.update({f: getattr(result, f) for f in _sweep.METRIC_FIELDS})
+  start_hi, start_lo = hi[data.bins], lo[data.bins]
+  bin_hi, bin_lo = _exact.canonical(start_hi[:-1] - start_hi[1:], start_lo[:-1] - start_lo[1:])
+  # [B, 6] -> [2B, 3]: segment 2 bin + correct, as the calibration pipeline's binary layout.
+  totals = _stats.calibration_totals(*_stats.calibration_canonical(
+      bin_hi.reshape(-1, 3), bin_lo.reshape(-1, 3), False))
+  out["ece"] = _calibration.error_from_totals(totals, plan.ece_norm)
+  return out
+
+
+def _areas(m, data: _Evaluation, harmonic, convention: str):
+  """AURC, AUGRC and E-AURC of multiplicities ``m`` [n] (sorted order): one sequential pass.
+
+  Carries K and E (count and errors so far) and the last point (K', E'); at a
+  group end with K > K' the point (K/n, E/K) adds W E/K (step) or
+  W (E/K + E'/K')/2 (trapezoid; E'/K' = E/K for the first point) to n AURC,
+  with W = K - K', and W E or W (E + E')/2 to n^2 AUGRC. float32 sums per
+  block of samples, then over the blocks.
+  """
+  n = m.shape[0]
+  size = min(_SCAN_BLOCK, n)
+  pad = -n % size
+  errors = jnp.where(data.correct, 0, m)
+  xs = [jnp.pad(x, (0, pad)).reshape(-1, size) for x in (m, errors, data.group_end)]
+  step_rule = convention == "step"
+
+  def sample(carry, x):
+    k, e, k_last, e_last, area, generalized = carry
+    mi, ei, end = x
+    k, e = k + mi, e + ei
+    point = end & (k > k_last)
+    width = (k - k_last).astype(jnp.float32)
+    kf, ef = k.astype(jnp.float32), e.astype(jnp.float32)
+    risk = ef / jnp.where(point, kf, 1.0)
+    if step_rule:
+      a, g = width * risk, width * ef
+    else:
+      previous = jnp.where(k_last > 0, e_last.astype(jnp.float32)
+                           / jnp.maximum(k_last, 1).astype(jnp.float32), risk)
+      a, g = width * (risk + previous) / 2, width * (ef + e_last.astype(jnp.float32)) / 2
+    area = area + jnp.where(point, a, 0.0)
+    generalized = generalized + jnp.where(point, g, 0.0)
+    k_last, e_last = jnp.where(point, k, k_last), jnp.where(point, e, e_last)
+    return (k, e, k_last, e_last, area, generalized), None
+
+  def block(carry, x):
+    k, e, k_last, e_last, area, generalized = carry
+    zero = jnp.zeros((), jnp.float32)
+    (k, e, k_last, e_last, a, g), _ = lax.scan(sample, (k, e, k_last, e_last, zero, zero), x,
+                                               unroll=8)
+    return (k, e, k_last, e_last, area + a, generalized + g), None
+
+  i0, f0 = jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32)
+  (_, num_errors, _, _, area, generalized), _ = lax.scan(block, (i0, i0, i0, i0, f0, f0), xs)
+  aurc = area / n
+  augrc = generalized / n / n
+  num_right = n - num_errors
+  if step_rule:
+    # sum_{k = r + 1}^{n} (k - r)/k / n with r correct: (E - r (H_n - H_r)) / n.
+    oracle = (num_errors.astype(jnp.float32)
+              - num_right.astype(jnp.float32) * harmonic[num_right]) / n
+  else:
+    oracle = 0.5 * (num_errors.astype(jnp.float32) / n) ** 2
+  degenerate = (num_errors == 0) | (num_errors == n)
+  eaurc = jnp.where(degenerate, 0.0, jnp.maximum(aurc - oracle, 0.0))
+  return {"aurc": aurc, "augrc": augrc, "eaurc": eaurc}
+
+
+def _prepare_evaluation(confidences: np.ndarray, correct: np.ndarray,
+                        sorted_thresholds: np.ndarray, num_bins: int) -> _Evaluation:
+  """The one sort (on the host), the merged grid and its read positions."""
+  n = confidences.shape[0]
+  bits = confidences.view(np.int32) & np.int32(0x7FFFFFFF)  # orders like the value
+  order = np.argsort(-bits, kind="stable")
+  sorted_bits = bits[order]
+  edges = np.asarray(_calibration.width_edges(num_bins))[1:-1]
+  grid = np.unique(np.concatenate([sorted_thresholds, edges]).astype(np.float32))
+  # Bucket b holds the samples with b grid values <= c: c >= g_j is bucket j + 1 and above.
+  retained = np.searchsorted(grid, sorted_thresholds) + 1
+  bins = np.concatenate([[0], np.searchsorted(grid, edges) + 1, [grid.shape[0] + 1]])
+  rank = None
+  if not np.array_equal(order, np.arange(n)):
+    rank = np.empty(n, np.int32)
+    rank[order] = np.arange(n, dtype=np.int32)
+  return _Evaluation(
+      packed=jnp.asarray(bits | (correct.astype(np.int32) << 31)),
+      rank=None if rank is None else jnp.asarray(rank),
+      correct=jnp.asarray(correct[order]),
+      group_end=jnp.asarray(np.append(sorted_bits[1:] != sorted_bits[:-1], True)),
+      grid=jnp.asarray(grid), retained=jnp.asarray(retained.astype(np.int32)),
+      bins=jnp.asarray(bins.astype(np.int32)))
+
+
+@functools.partial(jax.jit, static_argnames=("plan",))
+def _evaluation_estimate_jit(data, thresholds, order, harmonic, plan):
+  c, k = _unpack(data.packed)
+  out = _sweep_and_calibration(c, k, data, thresholds, order, plan)
+  out.update(_areas(jnp.ones(c.shape, jnp.int32), data, harmonic, plan.convention))
+  return out
+
+
+@functools.partial(jax.jit, static_argnames=("plan", "num_chunks"))
+def _evaluation_block_jit(data, thresholds, order, harmonic, key, start, plan, num_chunks):
+  n = data.packed.shape[0]
+
+  def one(b):
+    idx = _indices_from_seed(_seed(key, b), n)
+    out = _sweep_and_calibration(*_unpack(data.packed[idx]), data, thresholds, order, plan)
+    position = idx if data.rank is None else data.rank[idx]
+    m = jnp.zeros((n,), jnp.int32).at[position].add(1, mode="promise_in_bounds")
+    out.update(_areas(m, data, harmonic, plan.convention))
+    return out
+
+  return lax.map(one, start + jnp.arange(num_chunks, dtype=jnp.uint32))
+
+
+def bootstrap_evaluation(confidences, correct, thresholds, *, key, num_resamples: int = 1000,
+                         level: float = 0.95, num_bins: int = 15, ece_norm: str = "l1",
+                         aurc_convention: str = "step",
+                         normalize: str = "retained") -> BootstrapResult:
+  """Percentile intervals of every metric of the evaluation report, from one sort.
+
+  The same resamples as :func:`bootstrap_ci` for the same ``key`` (resample b
+  draws the indices I_b of the module docstring), evaluated without sorting
+  or binning anything again: the sweep at ``thresholds`` and the equal-width
+  ECE family (``num_bins`` bins, ``ece_norm`` as :func:`~cwsa_jax.ece`'s
+  ``norm``) come from one pass of the sweep's exact bucket sums over the
+  merged grid of thresholds and bin edges, so they equal the values of
+  :func:`~cwsa_jax.sweep` and :func:`~cwsa_jax.ece` on the gathered resample
+  (to float32 rounding of the last divisions); AURC, AUGRC and E-AURC
+  (``"step"`` or ``"trapezoid"``) come from the resample's multiplicities
+  over the samples sorted once by decreasing confidence, summed in float32
+  (a relative error of a few 1e-7). Each resample costs O(n).
+
+  Args:
+    confidences: [n] confidences in [0, 1] (concrete: this runs on the host).
+    correct: [n] boolean correctness.
+    thresholds: [T] thresholds in [0, 1).
+    key, num_resamples, level: as in :func:`bootstrap_ci`.
+    num_bins, ece_norm: the ECE's equal-width bins and norm (``"l1"``, ``"l2"``, ``"max"``).
+    aurc_convention: ``"step"`` or ``"trapezoid"`` (the published code's
+      convention depends on the order of tied samples: use :func:`bootstrap_ci`).
+    normalize: the sweep's CWSA normalisation.
+
+  Returns:
+    :class:`BootstrapResult` whose fields are :class:`EvaluationMetrics`
+    (``accuracy``, ``ece``, ``aurc``, ``eaurc``, ``augrc``, and the sweep's
+    ``coverage``, ``selective_accuracy``, ``cwsa``, ``cwsa_plus`` [T]).
+  """
+  _stats.check_normalize(normalize)
+  if aurc_convention not in ("step", "trapezoid"):
+    raise ValueError(f"aurc_convention must be 'step' or 'trapezoid', got {aurc_convention!r} "
+                     "(bootstrap_ci handles the published code's convention)")
+  if ece_norm not in ("l1", "l2", "max"):
+    raise ValueError(f"ece_norm must be 'l1', 'l2' or 'max', got {ece_norm!r}")
+  num_bins = _validation.positive_int(num_bins, "num_bins")
+  c, k = _check_data(confidences, correct)
+  if not _validation.is_concrete(c, k):
+    raise TypeError("bootstrap_evaluation runs on the host: call it on concrete arrays")
+  if k.dtype != jnp.bool_:
+    raise ValueError("bootstrap_evaluation needs boolean (0/1) correctness")
+  n = c.shape[0]
+  t = _validation.as_thresholds(thresholds)
+  key, num_resamples, _ = _check_common(key, num_resamples, 1, n)
+  level = _check_level(level)
+  order, sorted_t = _sweep.sorted_thresholds(t)
+  data = _prepare_evaluation(np.asarray(c, np.float32), np.asarray(k), np.asarray(sorted_t),
+                             num_bins)
+  harmonic = jnp.asarray(_harmonic_tail(n) if aurc_convention == "step" else np.zeros(1))
+  plan = _Plan(t.shape[0], num_bins, ece_norm, aurc_convention, normalize)
+  estimate = EvaluationMetrics(**_evaluation_estimate_jit(data, t, order, harmonic, plan))
+  samples = _run_blocks(
+      lambda start, size, chunks: _evaluation_block_jit(data, t, order, harmonic, key, start, plan,
+                                                        chunks),
+      num_resamples, 1, n)
+  low, high = _interval_jit(samples, jnp.float32(level))
+  return BootstrapResult(estimate, EvaluationMetrics(**low), EvaluationMetrics(**high))

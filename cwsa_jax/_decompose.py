@@ -80,7 +80,7 @@ def contributions(confidences, correct, tau, *, metric: str = "cwsa") -> Contrib
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from cwsa_jax._decompose import contributions
+    >>> from cwsa_jax import contributions
     >>> c = jnp.array([0.9, 0.6, 0.8, 0.55]); ok = jnp.array([True, False, True, True])
     >>> r = contributions(c, ok, 0.5)
     >>> print([round(float(t), 2) for t in r.terms], round(float(r.terms.sum() / r.retained.sum()), 4))
@@ -106,7 +106,7 @@ def most_damaging(result: Contributions, *, k: int = 10) -> jax.Array:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from cwsa_jax._decompose import contributions, most_damaging
+    >>> from cwsa_jax import contributions, most_damaging
     >>> r = contributions(jnp.array([0.9, 0.95, 0.8, 0.7]), jnp.array([True, False, False, True]), 0.5)
     >>> print(most_damaging(r, k=5).tolist())
     [1, 2]

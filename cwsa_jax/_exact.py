@@ -22,8 +22,14 @@ chunks as a (high, low) pair of
 int32 with base 2^12. Every sum is therefore an exact integer until the last
 step, where it is converted to float32 once (relative error <= 2^-23).
 
-All of this is internal: the public metrics in ``_selective`` and ``_sweep``
-call :func:`segment_sums` and :func:`combine`.
+The column layouts (which digits of which quantity, in which segment) live
+in ``_stats``; this module has the digit extraction (:func:`digits`,
+:func:`grid_digits`, :func:`grid_columns`, :func:`wide_digits`), the chunked
+exact sums (:func:`segment_sums`) and two ways back to float32:
+:func:`combine` (a float sum of digit columns) and :func:`exact_float` (a
+signed integer combination of columns, carried exactly in int32 limbs and
+rounded only at the end, so a difference of two nearly equal sums keeps its
+full relative precision).
 """
 
 from __future__ import annotations
@@ -36,7 +42,11 @@ import jax.numpy as jnp
 _DIGIT_BASE = 256.0
 _CARRY_BITS = 12
 _CARRY_MASK = (1 << _CARRY_BITS) - 1
-CHUNK_SIZE = 1 << 16  # 4096 * CHUNK_SIZE < 2^31; measured 4x faster at n = 1e6 than 2^20
+# At most 2^18 samples per chunk: 4096 * CHUNK_SIZE < 2^31, and a chunk's
+# columns stay in the cache. Chunks are balanced and a multiple of
+# CHUNK_ALIGN long: on CPU, loops over odd-sized slices run several times slower.
+CHUNK_SIZE = 1 << 18
+CHUNK_ALIGN = 64
 
 
 def digits(x: jax.Array, num_digits: int) -> list[jax.Array]:
@@ -66,6 +76,34 @@ def grid_digits(x: jax.Array) -> list[jax.Array]:
   return [units >> 16, (units >> 8) & 255, units & 255]
 
 
+def grid_columns(u: jax.Array) -> list[jax.Array]:
+  """The two base-4096 digits ``(hi, lo)`` of ``u`` in [0, 1] that is a multiple of 2^-24.
+
+  ``u = (hi 4096 + lo) 2^-24`` exactly, with ``hi`` in [0, 4096] and ``lo`` in
+  [0, 4095]: the cheapest exact columns of ``1 - c`` for float32 ``c``.
+  """
+  units = (u.astype(jnp.float32) * 16777216.0).astype(jnp.int32)
+  return [units >> _CARRY_BITS, units & _CARRY_MASK]
+
+
+def wide_digits(x: jax.Array, num_digits: int) -> list[jax.Array]:
+  """Base-4096 digits of float32 ``x`` in [0, 1], most significant first.
+
+  ``x = sum_j d_j 4096^-(j+1)`` down to 4096^-num_digits (truncating below),
+  with ``d_0`` in [0, 4096] and the others in [0, 4095]. Each step scales by
+  2^12 and splits off the integer part, both exact in binary floating point;
+  three digits hold every float32 ``x >= 2^-12`` exactly.
+  """
+  rest = x.astype(jnp.float32)
+  out = []
+  for _ in range(num_digits):
+    scaled = rest * 4096.0
+    whole = jnp.floor(scaled)
+    out.append(whole.astype(jnp.int32))
+    rest = scaled - whole
+  return out
+
+
 def _split(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   return x >> _CARRY_BITS, x & _CARRY_MASK
 
@@ -75,13 +113,28 @@ def _normalize(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def _column_sums(cols: jax.Array, ids: jax.Array, num_segments: int) -> jax.Array:
-  """Per-segment sums [num_segments, K] of int32 columns [K, C].
+  """Per-segment sums [num_segments, K] of int32 columns [K, C, ...] (ids [C, ...]).
 
   One 1-D scatter-add per column: on CPU, K scalar scatters are about twice
   as fast as one scatter of K-wide rows.
   """
-  return jnp.stack([jax.ops.segment_sum(col, ids, num_segments=num_segments) for col in cols],
-                   axis=1)
+  ids = ids.reshape(-1)
+  return jnp.stack([jax.ops.segment_sum(col.reshape(-1), ids, num_segments=num_segments)
+                    for col in cols], axis=1)
+
+
+def chunking(n: int, chunk_size: int = CHUNK_SIZE) -> tuple[int, int]:
+  """``(num_chunks, size)``: balanced chunks of at most ``chunk_size`` covering n samples.
+
+  ``size`` is a multiple of :data:`CHUNK_ALIGN` when that fits (and n when
+  one chunk covers everything); the last chunk is shifted back to end at n.
+  """
+  if n <= chunk_size:
+    return 1, n
+  num_chunks = -(-n // chunk_size)
+  size = -(-n // num_chunks)
+  aligned = -(-size // CHUNK_ALIGN) * CHUNK_ALIGN
+  return num_chunks, aligned if aligned <= chunk_size else size
 
 
 def segment_sums(
@@ -90,46 +143,66 @@ def segment_sums(
     num_segments: int,
     *,
     chunk_size: int = CHUNK_SIZE,
+    with_offset: bool = False,
+    segments_per_entry: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Exact per-segment sums of small non-negative integer columns.
 
   Args:
-    columns_fn: maps chunks of ``arrays`` (each [C]) to ``(segment_ids [C]
-      int32, columns [K, C] int32)`` with every column entry in [0, 4096].
+    columns_fn: maps chunks of ``arrays`` (each [C, ...]) to ``(segment_ids
+      [C, ...] int32, columns [K, C, ...] int32)`` with every column entry in
+      [0, 4096]. Ids outside [0, num_segments) are left out.
       (Columns are built feature-major, [K, C]: on CPU, stacking K arrays along
       a new last axis is several times slower than along a new first one.)
-    arrays: arrays with a leading samples axis of equal length n.
+    arrays: arrays with a leading axis of equal length n (samples, or rows of
+      samples: [n, m] arrays are chunked by rows).
     num_segments: static number of segments.
-    chunk_size: samples per chunk; 4096 * chunk_size must stay below 2^31.
+    chunk_size: most entries of the leading axis per chunk; 4096 times the
+      values per chunk (chunk_size * m) must stay below 2^31.
+    with_offset: also pass ``columns_fn`` the index in ``arrays`` of the
+      chunk's first entry (int32 scalar), as a last argument.
+    segments_per_entry: entry ``i`` of the leading axis owns the segments
+      ``[i s, (i + 1) s)`` (e.g. one row of samples each); ``columns_fn``
+      then returns ids relative to its chunk's first entry, and each chunk
+      is summed into a table of its own entries only (a small scatter target
+      however many entries there are). ``num_segments = n s``.
 
   Returns:
     ``(hi, lo)``, int32 arrays [num_segments, K] with the exact sums
     ``hi * 4096 + lo`` (``0 <= lo < 4096``).
   """
   n = arrays[0].shape[0]
-  if n <= chunk_size:
-    ids, cols = columns_fn(*arrays)
+  num_chunks, size = chunking(n, chunk_size)
+  offset = (jnp.zeros((), jnp.int32),) if with_offset else ()
+  if num_chunks == 1:
+    ids, cols = columns_fn(*arrays, *offset)
     return _split(_column_sums(cols, ids, num_segments))
 
-  num_chunks = -(-n // chunk_size)
-  local = jnp.arange(chunk_size, dtype=jnp.int32)
+  local = jnp.arange(size, dtype=jnp.int32)
+  chunk_segments = num_segments if segments_per_entry is None else size * segments_per_entry
 
   def body(i, carry):
     hi, lo = carry
-    first = i * chunk_size
+    first = i * size
     # The last chunk is shifted back to stay in bounds; the samples the
     # previous chunk already counted go to an extra segment that is dropped.
-    start = jnp.minimum(first, n - chunk_size)
-    chunk = [jax.lax.dynamic_slice_in_dim(a, start, chunk_size) for a in arrays]
-    ids, cols = columns_fn(*chunk)
-    ids = jnp.where(start + local >= first, ids, num_segments)
-    sums = _column_sums(cols, ids, num_segments + 1)[:num_segments]
-    s_hi, s_lo = _split(sums)
-    return _normalize(hi + s_hi, lo + s_lo)
+    start = jnp.minimum(first, n - size)
+    chunk = [jax.lax.dynamic_slice_in_dim(a, start, size) for a in arrays]
+    ids, cols = columns_fn(*chunk, *((start,) if with_offset else ()))
+    counted = (start + local >= first).reshape((size,) + (1,) * (ids.ndim - 1))
+    ids = jnp.where(counted, ids, chunk_segments)
+    s_hi, s_lo = _split(_column_sums(cols, ids, chunk_segments + 1)[:chunk_segments])
+    if segments_per_entry is None:
+      return _normalize(hi + s_hi, lo + s_lo)
+    at = start * segments_per_entry
+    own = [jax.lax.dynamic_slice_in_dim(x, at, chunk_segments) for x in (hi, lo)]
+    own = _normalize(own[0] + s_hi, own[1] + s_lo)
+    return tuple(jax.lax.dynamic_update_slice_in_dim(x, y, at, 0) for x, y in zip((hi, lo), own))
 
   k = jax.eval_shape(
       lambda *a: columns_fn(*a)[1],
-      *[jax.ShapeDtypeStruct((chunk_size,) + a.shape[1:], a.dtype) for a in arrays]).shape[0]
+      *[jax.ShapeDtypeStruct((size,) + a.shape[1:], a.dtype) for a in arrays],
+      *[jax.ShapeDtypeStruct((), jnp.int32) for _ in offset]).shape[0]
   zeros = jnp.zeros((num_segments, k), dtype=jnp.int32)
   return jax.lax.fori_loop(0, num_chunks, body, (zeros, zeros))
 
@@ -154,6 +227,52 @@ def suffix_sums(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
 def to_float(hi: jax.Array, lo: jax.Array) -> jax.Array:
   """float32 value of the exact integer ``hi * 4096 + lo``."""
   return hi.astype(jnp.float32) * float(1 << _CARRY_BITS) + lo.astype(jnp.float32)
+
+
+def exact_float(terms: Sequence[tuple[int, jax.Array, jax.Array, int]]) -> jax.Array:
+  """float32 of the exact integer combination ``sum_t sign_t (hi_t 4096 + lo_t) 4096^place_t``.
+
+  Args:
+    terms: ``(sign, hi, lo, place)`` with ``sign`` +1 or -1, ``hi`` and ``lo``
+      non-negative int32 arrays of one shape (the ``(hi, lo)`` sums of
+      :func:`segment_sums`, or any integer as ``(0, x)``) and ``place`` a
+      static integer (a column's weight, e.g. -1 for 2^-12).
+
+  The terms are added into base-4096 int32 limbs and the carries propagated,
+  all exactly; only the conversion of the magnitude (24-bit pieces added least
+  significant first) rounds, a relative error of a few 2^-24 at most,
+  whatever cancellation the signs cause.
+  The result is a function of the exact integer only, so equal sums give
+  bit-for-bit equal floats however they were accumulated or merged.
+  """
+  base = min(place for _, _, _, place in terms)
+  # lo at place - base, hi one limb up; hi < 2^31 spans three more limbs of carries.
+  num_limbs = max(place for _, _, _, place in terms) - base + 5
+  num_limbs += num_limbs % 2
+  zero = jnp.zeros(jnp.shape(terms[0][1]), jnp.int32)
+  limbs = [zero] * num_limbs
+  for sign, hi, lo, place in terms:
+    q = place - base
+    limbs[q] = limbs[q] + sign * lo
+    limbs[q + 1] = limbs[q + 1] + sign * hi
+
+  def normalize(limbs):
+    out = []
+    carry = zero
+    for limb in limbs[:-1]:
+      limb = limb + carry
+      out.append(limb & _CARRY_MASK)
+      carry = limb >> _CARRY_BITS  # arithmetic shift: floor division, also for negatives
+    return out + [limbs[-1] + carry]
+
+  limbs = normalize(limbs)
+  negative = limbs[-1] < 0  # every lower limb is in [0, 4096)
+  limbs = [jnp.where(negative, a, b) for a, b in zip(normalize([-x for x in limbs]), limbs)]
+  total = jnp.zeros(zero.shape, jnp.float32)
+  for j in range(0, num_limbs, 2):  # 24-bit pairs, exact in float32; least significant first
+    pair = (limbs[j + 1] * (1 << _CARRY_BITS) + limbs[j]).astype(jnp.float32)
+    total = total + pair * float(2.0 ** (_CARRY_BITS * (base + j)))
+  return jnp.where(negative, -total, total)
 
 
 def combine(values: jax.Array, num_digits: int) -> jax.Array:

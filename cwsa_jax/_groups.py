@@ -1,10 +1,10 @@
 """Subgroup analysis: the fused threshold sweep per group, in one call.
 
 Each sample is assigned the segment ``group * (T + 1) + bucket`` (times the
-correctness split of ``_stats``), so one exact segment sum over the samples
-gives every group's per-bucket statistics; a reverse cumulative sum along the
-bucket axis of each group then gives the retained-set sums of every
-(group, threshold) pair. The cost is that of one :func:`~cwsa_jax.sweep` plus
+correctness split of ``_stats``), so one pass of the sweep's pipeline
+(``_sweep.bucket_sums``) gives every group's per-bucket statistics; a reverse
+cumulative sum along the bucket axis of each group then gives the retained-set
+sums of every (group, threshold) pair. The cost is that of one :func:`~cwsa_jax.sweep` plus
 a segment table num_groups times larger, not num_groups passes over the data.
 """
 
@@ -15,56 +15,29 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from cwsa_jax import _exact
 from cwsa_jax import _stats
 from cwsa_jax import _sweep
 from cwsa_jax import _validation
 from cwsa_jax._sweep import SweepResult
 
-FIELDS = ("coverage", "selective_accuracy", "cwsa", "cwsa_plus")
-
-
-def _group_suffix_sums(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Exact suffix sums along axis 1 of [G, B, C] (the bucket axis), per group."""
-  return jax.vmap(_exact.suffix_sums)(hi, lo)
-
-
-def _group_ids(confidences, groups, sorted_thresholds, num_groups):
-  """Each sample's segment ``group * (T + 1) + bucket`` (out-of-range groups: out of range)."""
-  num_thresholds = sorted_thresholds.shape[0]
-  num_buckets = num_thresholds + 1
-  first, counts, max_per_cell = _sweep.bucket_table(sorted_thresholds,
-                                                    _sweep.num_cells(num_thresholds))
-  bucket = _sweep.bucketize(jnp.clip(confidences, 0.0, 1.0), sorted_thresholds, first, counts,
-                            max_per_cell)
-  # Inside a user's jit, out-of-range groups are dropped (their rows are NaN, see sweep_by_group).
-  valid = (groups >= 0) & (groups < num_groups)
-  return jnp.where(valid, groups * num_buckets + bucket, num_groups * num_buckets)
+FIELDS = _sweep.METRIC_FIELDS
 
 
 def _exact_group_sums(confidences, correct, groups, sorted_thresholds, *, num_groups):
   """Exact suffix :class:`~cwsa_jax._stats.Sums` [G, T + 1] along each group's bucket axis."""
-  num_buckets = sorted_thresholds.shape[0] + 1
-  graded = correct.dtype != jnp.bool_
-  per_bucket = _stats.segments_per_bucket(graded)
-  num_segments = per_bucket * num_groups * num_buckets
-  ids = _group_ids(confidences, groups, sorted_thresholds, num_groups)
-
-  def columns_fn(c, kappa, segment):
-    seg_ids, cols = _stats.segment_columns(c, kappa, segment)
-    return jnp.where(segment < num_groups * num_buckets, seg_ids, num_segments), cols
-
-  hi, lo = _exact.segment_sums(columns_fn, [confidences, correct, ids], num_segments)
-  # [G * buckets * per_bucket, K] -> [G, buckets, per_bucket * K].
-  hi, lo = (x.reshape(num_groups, num_buckets, -1) for x in (hi, lo))
-  hi, lo = _group_suffix_sums(hi, lo)
-  return _stats.sums_from_columns(_exact.to_float(hi, lo), graded)
+  hi, lo = _sweep.bucket_sums(confidences, correct, sorted_thresholds, groups=groups,
+                              num_groups=num_groups)
+  return _sweep.sums_from_bucket_sums(hi, lo)
 
 
 def _group_segments(confidences, correct, groups, sorted_thresholds, *, num_groups):
+  """Each sample's segment ``group * (T + 1) + bucket`` (out-of-range groups: out of range)."""
   del correct
-  ids = _group_ids(confidences, groups, sorted_thresholds, num_groups)
-  return ids, (num_groups, sorted_thresholds.shape[0] + 1), 0
+  num_buckets = sorted_thresholds.shape[0] + 1
+  bucket = _sweep.bucket_ids(confidences, sorted_thresholds)
+  valid = (groups >= 0) & (groups < num_groups)
+  ids = jnp.where(valid, groups * num_buckets + bucket, num_groups * num_buckets)
+  return ids, (num_groups, num_buckets), 0
 
 
 @functools.partial(jax.jit, static_argnames=("num_groups",))
@@ -140,7 +113,7 @@ def sweep_by_group(confidences, correct, groups, thresholds, *, num_groups: int,
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from cwsa_jax._groups import sweep_by_group
+    >>> from cwsa_jax import sweep_by_group
     >>> r = sweep_by_group(jnp.array([0.9, 0.6, 0.8, 0.55]), jnp.array([True, False, True, True]),
     ...                    jnp.array([0, 0, 1, 1]), jnp.array([0.5, 0.7]), num_groups=2)
     >>> print(r.coverage.tolist(), [[round(float(x), 4) for x in row] for row in r.cwsa])
@@ -148,6 +121,15 @@ def sweep_by_group(confidences, correct, groups, thresholds, *, num_groups: int,
   """
   _stats.check_normalize(normalize)
   num_groups = _validation.positive_int(num_groups, "num_groups")
+  if not _validation.is_concrete(confidences, correct, groups):
+    return _sweep_by_group_traced(confidences, correct, groups, thresholds,
+                                  num_groups=num_groups, normalize=normalize)
+  return _sweep_by_group(confidences, correct, groups, thresholds, num_groups=num_groups,
+                         normalize=normalize)
+
+
+def _sweep_by_group(confidences, correct, groups, thresholds, *, num_groups: int,
+                    normalize: str) -> SweepResult:
   confidences, correct, rows = _validation.samples(confidences, correct)
   groups, group_flag = _validation.labels(groups, num_groups, "groups")
   thresholds, _ = _validation.thresholds(thresholds)  # invalid ones: NaN in the kernel
@@ -159,6 +141,10 @@ def sweep_by_group(confidences, correct, groups, thresholds, *, num_groups: int,
     fn = jax.vmap(fn, in_axes=(0, 0, 0, None))
   result = _stats.renormalize(fn(confidences, correct, groups, thresholds), normalize)
   return SweepResult(result.thresholds, *_validation.poison(tuple(result[1:]), rows=rows))
+
+
+# Traced samples: the value checks become flags, compiled with the kernel (see sweep).
+_sweep_by_group_traced = jax.jit(_sweep_by_group, static_argnames=("num_groups", "normalize"))
 
 
 def group_gap(result: SweepResult, field: str = "cwsa") -> jax.Array:
@@ -181,7 +167,7 @@ def group_gap(result: SweepResult, field: str = "cwsa") -> jax.Array:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from cwsa_jax._groups import sweep_by_group, group_gap
+    >>> from cwsa_jax import sweep_by_group, group_gap
     >>> r = sweep_by_group(jnp.array([0.9, 0.6, 0.8, 0.55]), jnp.array([True, False, True, True]),
     ...                    jnp.array([0, 0, 1, 1]), jnp.array([0.5, 0.7]), num_groups=3)
     >>> print([round(float(x), 4) for x in group_gap(r)])

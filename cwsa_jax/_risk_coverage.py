@@ -27,14 +27,17 @@ Conventions (keyword ``convention=``):
   order here; the published code's unstable sort leaves it arbitrary), risks
   ``E_k / k`` integrated by the trapezoid rule over coverage ``1/n .. 1``.
 
-Speed: the exact metrics need one sort. For boolean correctness the confidence
-bit pattern (for non-negative float32 the int32 bit pattern orders like the
-value) and the error bit are packed into one int32 key, so a single-operand
-integer sort does all the work; XLA sorts that about as fast as NumPy's argsort
-on CPU, where a float argsort is about 15x slower (see
-``benchmarks/bench_aurc.py``). Graded correctness adds a binary search per
-sample (about 3x the sort); the "published_code" convention needs a stable
-two-operand sort (about 10x).
+Speed: the exact metrics need one sort and one pass. For boolean correctness
+the confidence bit pattern (for non-negative float32 the int32 bit pattern
+orders like the value) and the error bit are packed into one int32 key, so a
+single-operand integer sort does all the work ("published_code" adds the input
+position in an int64 key, graded correctness sorts keys with positions and
+gathers the losses). The sort is ``np.sort`` through a callback on CPU and
+``lax.sort`` elsewhere (``_sort``); then one scan over the sorted samples
+(sequential over cache-sized chunks on CPU, parallel prefix scans elsewhere)
+feeds every result. Faster than the best NumPy on CPU, see
+``benchmarks/bench_vs_numpy.py``. Binary losses are summed in integers
+(exact); graded ones with compensated float32 sums.
 
 Invalid values (scores outside [0, 1] or not finite, correctness other than
 0/1 or outside [0, 1], targets out of range) raise ``ValueError`` on concrete
@@ -63,6 +66,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from cwsa_jax import _sort
 from cwsa_jax import _validation
 
 CONVENTIONS = ("step", "trapezoid", "published_code")
@@ -138,140 +142,271 @@ def _float_key(c: jax.Array) -> jax.Array:
 
 
 # --------------------------------------------------------------------------
-# Sorted outcomes and areas
+# Sorted outcomes and the tie-group scan
 # --------------------------------------------------------------------------
+#
+# Every result here is a fold over the samples in decreasing confidence order.
+# After one sort (``_sort``: NumPy on CPU, lax.sort elsewhere), a scan walks the
+# sorted samples carrying the loss so far and the start of the current tie
+# group, so that slot k (the k-th sample, 1-based) "closes" the tie group that
+# ends at position k - 1 whenever its key differs from the previous one. The
+# samples are padded with at least one slot whose key is below every
+# confidence, so slot n + 1 closes the last group. Each result is a reduction
+# over the slots (``_scan_groups``).
+#
+# On CPU the scan is a sequential loop over cache-sized chunks (XLA:CPU runs a
+# sequential pass several times faster than a parallel prefix scan, and the
+# chunks keep every intermediate in cache); elsewhere it is one chunk of
+# parallel prefix scans. ``lax.platform_dependent`` picks the form when the
+# computation is lowered; both give the same values (to float32 rounding of
+# graded losses).
+
+_CHUNK_SIZE = 1 << 14  # CPU: slots per chunk
+_PAD_KEY = -(2**30 - 1)  # key of the padding slots: below every confidence key
+_NO_KEY = -(2**31)  # the "previous key" of slot 1: differs from every key
 
 
-class _Sorted(NamedTuple):
-  key: jax.Array     # [n] int32 confidence bits, decreasing
-  cum_loss: jax.Array  # [n] E_k (int32 when binary, float32 when graded); exact at group ends
-  is_end: jax.Array  # [n] bool, last sample of its tie group
+def _layout(n: int, sequential: bool) -> tuple[int, int]:
+  """(chunk size, number of slots): at least n + 1 slots, a whole number of chunks."""
+  if not sequential:
+    return n + 1, n + 1
+  chunk = min(_CHUNK_SIZE, n + 1)
+  return chunk, -(-(n + 1) // chunk) * chunk
 
 
-def _sort_outcomes(c: jax.Array, correct: jax.Array, *, keep_input_order: bool) -> _Sorted:
-  """Sorts by decreasing confidence and accumulates the loss.
+def _sorted_outcomes(c: jax.Array, correct: jax.Array, *, keep_input_order: bool, length: int):
+  """Confidence keys and losses [length] in decreasing confidence order, then padding.
 
-  Three paths, fastest first:
-  * boolean correctness: one int32 sort of ``confidence bits << 1 | error``;
-  * graded correctness (tie-grouped conventions): one int32 sort of the
-    confidence bits, then each loss is added at the end of its tie group
-    (found by binary search), so ``cum_loss`` is exact at group ends only,
-    which is all the tie-grouped metrics read;
-  * ``keep_input_order`` ("published_code"): a stable two-operand sort.
+  Three paths:
+  * boolean correctness: one int32 sort of ``-(confidence bits << 1 | error)``
+    (the bits of a float32 in [0, 1] order like its value), both outputs from
+    the sorted keys, no gather;
+  * boolean correctness with ``keep_input_order`` ("published_code", which
+    reads no tie groups): the errors in stable order (ties keep their input
+    order) from one sort of keys packed with the input position and the
+    error; the keys are not returned (None);
+  * graded correctness: one stable sort of the keys that also returns each
+    sample's input position, and a gather of the losses (differentiable in
+    kappa; stable, which "published_code" needs).
+  Padding: key ``_PAD_KEY``, loss 0.
   """
   key = _float_key(c)
-  if keep_input_order:
-    if correct.dtype == jnp.bool_:
-      loss = jnp.logical_not(correct).astype(jnp.int32)
+  if correct.dtype == jnp.bool_:
+    error = jnp.logical_not(correct).astype(jnp.int32)
+    if keep_input_order:  # the convention reads no tie groups: losses only
+      return None, _sort.stable_sort_flags(-key, error, length=length)
+    neg = _sort.sort(-((key << 1) | error), length=length, fill=-2 * _PAD_KEY)
+    return (-neg) >> 1, (-neg) & 1
+  loss = 1.0 - correct.astype(jnp.float32)
+  neg_key, order = _sort.sort_with_order(-key, length=length, fill=-_PAD_KEY)
+  return -neg_key, jnp.take(loss, order, mode="fill", fill_value=0)
+
+
+class _Slots(NamedTuple):
+  """The tie-group scan at slots ``k`` (1-based positions in decreasing confidence order).
+
+  Every field but ``k`` and ``new`` describes the samples *before* slot k.
+  When ``new`` (the key at k differs from the key at k - 1), slot k closes the
+  tie group ending at position k - 1: its confidence key is ``key``, it spans
+  positions ``start .. k - 1``, the loss up to its end is ``cum`` and up to
+  the previous group's end ``before``; it is group number ``groups - 1``.
+  """
+  k: jax.Array        # int32
+  new: jax.Array      # bool (always at k = 1 and k = n + 1)
+  key: jax.Array      # int32 key at k - 1
+  cum: jax.Array      # E_{k-1}: int32 (binary) or float32 (graded)
+  start: jax.Array    # int32 first position of the group holding k - 1
+  before: jax.Array   # E at position start - 1
+  groups: jax.Array   # int32 number of group starts at positions < k
+
+
+class _Carry(NamedTuple):
+  cum: jax.Array
+  compensation: jax.Array  # Kahan compensation of ``cum`` (graded losses)
+  start: jax.Array
+  before: jax.Array
+  key: jax.Array
+  k: jax.Array
+  groups: jax.Array
+
+
+def _scan_sequential(keys: jax.Array, losses: jax.Array, carry: _Carry):
+  """One chunk as a sequential loop; float losses are summed with Kahan compensation."""
+  graded = losses.dtype != jnp.int32
+
+  def step(c: _Carry, x):
+    key, loss = x
+    new = key != c.key
+    if graded:
+      y = loss - c.compensation
+      cum = c.cum + y
+      compensation = (cum - c.cum) - y
     else:
-      loss = 1.0 - correct.astype(jnp.float32)
-    neg_key, loss_sorted = lax.sort((-key, loss), num_keys=1, is_stable=True)
-    key_sorted = -neg_key
-    cum = _cumsum(loss_sorted)
-  elif correct.dtype == jnp.bool_:
-    # Confidence bits (< 2**30 for c <= 1) shifted left, error bit in the lowest
-    # bit. Sorting the negation gives decreasing confidence.
-    packed = (key << 1) | jnp.logical_not(correct).astype(jnp.int32)
-    packed = -lax.sort(-packed)
-    key_sorted = packed >> 1
-    cum = _cumsum(packed & 1)
-  else:
-    neg_sorted = lax.sort(-key)  # ascending
-    key_sorted = -neg_sorted
-    group_end = jnp.searchsorted(neg_sorted, -key, side="right") - 1
-    loss = 1.0 - correct.astype(jnp.float32)
-    cum = _cumsum(jnp.zeros(key.shape, jnp.float32).at[group_end].add(loss))
-  is_end = jnp.concatenate([key_sorted[:-1] != key_sorted[1:], jnp.ones((1,), bool)])
-  return _Sorted(key_sorted, cum, is_end)
+      cum, compensation = c.cum + loss, c.compensation
+    out = (new, c.key, c.cum, c.start, c.before, c.groups)
+    return _Carry(cum, compensation, jnp.where(new, c.k, c.start), jnp.where(new, c.cum, c.before),
+                  key, c.k + 1, c.groups + new.astype(jnp.int32)), out
+
+  return lax.scan(step, carry, (keys, losses), unroll=8)
 
 
-# On CPU ``lax.associative_scan`` runs these prefix scans several times faster
-# than ``jnp.cumsum`` / ``lax.cummax`` (about 3 ms against 9 / 27 ms at n = 1e6).
-def _cumsum(x: jax.Array) -> jax.Array:
-  return lax.associative_scan(jnp.add, x)
+def _scan_parallel(keys: jax.Array, losses: jax.Array, carry: _Carry):
+  """One chunk as parallel prefix scans (sums and running maxima)."""
+  k = carry.k + lax.iota(jnp.int32, keys.shape[0])
+  scan = lambda op, x: lax.associative_scan(op, x)
+  shifted = lambda first, x: jnp.concatenate([first[None], x[:-1]])
+  prev_key = shifted(carry.key, keys)
+  new = keys != prev_key
+  cum_incl = carry.cum + scan(jnp.add, losses)
+  cum = shifted(carry.cum, cum_incl)
+  start_incl = jnp.maximum(carry.start, scan(jnp.maximum, jnp.where(new, k, 0)))
+  # cum is nondecreasing, so the latest group start holds the largest value.
+  before_incl = jnp.maximum(carry.before, scan(jnp.maximum, jnp.where(new, cum, 0)))
+  groups_incl = carry.groups + scan(jnp.add, new.astype(jnp.int32))
+  out = (new, prev_key, cum, shifted(carry.start, start_incl), shifted(carry.before, before_incl),
+         shifted(carry.groups, groups_incl))
+  return _Carry(cum_incl[-1], carry.compensation, start_incl[-1], before_incl[-1], keys[-1],
+                k[-1] + 1, groups_incl[-1]), out
 
 
-def _exclusive_cummax(x: jax.Array) -> jax.Array:
-  incl = lax.associative_scan(jnp.maximum, x)
-  return jnp.concatenate([jnp.zeros((1,), x.dtype), incl[:-1]])
+def _scan_groups(keys: jax.Array, losses: jax.Array, reduce, init, *, chunk: int,
+                 sequential: bool):
+  """Folds ``reduce(acc, slots, chunk_index)`` over the tie-group scan of sorted outcomes."""
+  if keys is None:  # no tie groups needed
+    keys = jnp.zeros(losses.shape, jnp.int32)
+  zero = jnp.zeros((), losses.dtype)
+  one = jnp.ones((), jnp.int32)
+  carry = _Carry(zero, zero, one, zero, jnp.asarray(_NO_KEY, jnp.int32), one, 0 * one)
+  scan = _scan_sequential if sequential else _scan_parallel
+
+  def body(i, state):
+    carry, acc = state
+    slice_ = lambda x: lax.dynamic_slice_in_dim(x, i * chunk, chunk)
+    k = carry.k + lax.iota(jnp.int32, chunk)
+    carry, out = scan(slice_(keys), slice_(losses), carry)
+    return carry, reduce(acc, _Slots(k, *out), i)
+
+  num_chunks = keys.shape[0] // chunk
+  if num_chunks == 1:
+    return body(0, (carry, init))[1]
+  return lax.fori_loop(0, num_chunks, body, (carry, init))[1]
 
 
-def _terms(cum: jax.Array, is_end: jax.Array, convention: str):
-  """Per-position contributions to (n * AURC, n^2 * AUGRC) of one curve.
+def _closes(s: _Slots, n: int) -> jax.Array:
+  """Slots that close a tie group of the n samples."""
+  return s.new & (s.k >= 2) & (s.k <= n + 1)
 
-  ``cum`` holds the cumulative loss E_k (k = 1..n) and ``is_end`` marks the tie
-  group ends; each group's area is stored at its last position.
+
+def _risk(s: _Slots) -> jax.Array:
+  """Selective risk E_{k-1} / (k - 1) at each slot (0 / 1 at k = 1)."""
+  return s.cum.astype(jnp.float32) / jnp.maximum(s.k - 1, 1).astype(jnp.float32)
+
+
+def _area_terms(s: _Slots, n: int, convention: str):
+  """Per-slot contributions to (n AURC, n^2 AUGRC).
+
+  Tie-grouped conventions: the closed group's area at the slot that closes it.
+  "published_code": position k - 1's trapezoid weight times E_{k-1} / (k - 1).
   """
-  n = cum.shape[0]
-  pos = jnp.arange(1, n + 1, dtype=jnp.int32)
-  posf = pos.astype(jnp.float32)
-  cumf = cum.astype(jnp.float32)
-  risk = cumf / posf
-  if convention == "published_code":
-    # Trapezoid over the points k = 1..n (coverage 1/n .. 1), no tie grouping.
-    weight = jnp.ones((n,), jnp.float32).at[0].add(-0.5).at[-1].add(-0.5)
-    return weight * risk, weight * cumf
+  end = s.k - 1
+  cumf = s.cum.astype(jnp.float32)
+  risk = _risk(s)
   zero = jnp.float32(0.0)
-  prev_pos = _exclusive_cummax(jnp.where(is_end, pos, 0))
-  width = (pos - prev_pos).astype(jnp.float32)  # group size, valid at group ends
+  if convention == "published_code":
+    valid = (end >= 1) & (end <= n)
+    weight = 1.0 - 0.5 * (end == 1) - 0.5 * (end == n)
+    return jnp.where(valid, weight * risk, zero), jnp.where(valid, weight * cumf, zero)
+  closes = _closes(s, n)
+  width = (s.k - s.start).astype(jnp.float32)
   if convention == "step":
-    return jnp.where(is_end, width * risk, zero), jnp.where(is_end, width * cumf, zero)
-  # trapezoid: cum is nondecreasing, so its running max over the group ends
-  # before k is E at the previous group end.
-  prev_cumf = _exclusive_cummax(
-      jnp.where(is_end, cum, jnp.zeros((), cum.dtype))).astype(jnp.float32)
-  prev_risk = jnp.where(
-      prev_pos > 0, prev_cumf / jnp.maximum(prev_pos, 1).astype(jnp.float32), risk)
-  return (jnp.where(is_end, width * (prev_risk + risk) * 0.5, zero),
-          jnp.where(is_end, width * (prev_cumf + cumf) * 0.5, zero))
+    return jnp.where(closes, width * risk, zero), jnp.where(closes, width * cumf, zero)
+  previous_end = s.start - 1
+  beforef = s.before.astype(jnp.float32)
+  previous_risk = jnp.where(
+      previous_end > 0, beforef / jnp.maximum(previous_end, 1).astype(jnp.float32), risk)
+  return (jnp.where(closes, width * (previous_risk + risk) * 0.5, zero),
+          jnp.where(closes, width * (beforef + cumf) * 0.5, zero))
 
 
-def _areas(cum: jax.Array, is_end: jax.Array, convention: str):
-  """(AURC, AUGRC) of the curve with cumulative loss ``cum`` and group ends ``is_end``."""
-  n = cum.shape[0]
-  aurc_terms, augrc_terms = _terms(cum, is_end, convention)
-  return jnp.sum(aurc_terms) / n, jnp.sum(augrc_terms) / n / n
+def _oracle_terms(s: _Slots, n: int, num_correct: jax.Array, convention: str) -> jax.Array:
+  """Per-slot n AURC of the optimal strict order ("step", "published_code"): E_p = max(p - m, 0)."""
+  end = s.k - 1
+  endf = jnp.maximum(end, 1).astype(jnp.float32)
+  risk = jnp.maximum(end - num_correct, 0).astype(jnp.float32) / endf
+  if convention == "published_code":
+    risk = (1.0 - 0.5 * (end == 1) - 0.5 * (end == n)) * risk
+  return jnp.where((end >= 1) & (end <= n), risk, jnp.float32(0.0))
 
 
-def _oracle_curve(num_errors: jax.Array, n: int, convention: str):
-  """(cumulative errors, group ends) of the best scoring of ``num_errors`` errors.
+def _summary_kernel(c, correct, *, convention, sequential, with_eaurc):
+  """AURC, AUGRC and (binary correctness, ``with_eaurc``) E-AURC of one row.
 
-  "step" / "published_code": a strict order with every correct sample first.
-  "trapezoid": two levels, all correct tied above all errors tied.
+  E-AURC is ``max(AURC - oracle, 0)``, and exactly 0 when the order is
+  optimal for the convention (checked on integers: no error among the first
+  m = #correct positions; for "step" every error its own tie group, for
+  "trapezoid" all errors one tie group starting at m + 1).
   """
-  pos = jnp.arange(1, n + 1, dtype=jnp.int32)
-  num_correct = n - num_errors
-  cum = jnp.maximum(pos - num_correct, 0).astype(jnp.int32)
+  n = c.shape[0]
+  chunk, length = _layout(n, sequential)
+  keys, losses = _sorted_outcomes(c, correct, keep_input_order=convention == "published_code",
+                                  length=length)
+  with_eaurc = with_eaurc and correct.dtype == jnp.bool_
+  num_errors = jnp.sum(jnp.logical_not(correct).astype(jnp.int32))
+  m = n - num_errors  # number of correct samples
+
+  def reduce(acc, s, i):
+    sums, counts = acc
+    aurc_terms, augrc_terms = _area_terms(s, n, convention)
+    row = [jnp.sum(aurc_terms), jnp.sum(augrc_terms)]
+    if with_eaurc:
+      if convention != "trapezoid":
+        row.append(jnp.sum(_oracle_terms(s, n, m, convention)))
+      real = s.k <= n
+      counts = counts + jnp.stack([
+          jnp.sum(jnp.where(s.k == m + 1, s.cum, 0)),  # E_m: errors among the first m
+          jnp.sum(s.new & real & (s.k > m)),  # tie groups starting after position m
+          jnp.sum(s.new & real & (s.k == m + 1))])  # one starts at m + 1
+    return lax.dynamic_update_index_in_dim(sums, jnp.stack(row), i, 0), counts
+
+  num_chunks = length // chunk
+  width = 2 + (with_eaurc and convention != "trapezoid")
+  init = (jnp.zeros((num_chunks, width), jnp.float32), jnp.zeros((3,), jnp.int32))
+  sums, counts = _scan_groups(keys, losses, reduce, init, chunk=chunk, sequential=sequential)
+  total = jnp.sum(sums, axis=0)  # pairwise over chunks
+  aurc_value, augrc_value = total[0] / n, total[1] / n / n
+  if not with_eaurc:
+    return RiskCoverageSummary(aurc_value, augrc_value, jnp.float32(jnp.nan))
+  errors_first_m, starts_after_m, start_at_m1 = counts[0], counts[1], counts[2]
   if convention == "trapezoid":
-    is_end = (pos == num_correct) | (pos == n)
+    error_rate = num_errors.astype(jnp.float32) / n
+    oracle = 0.5 * error_rate * error_rate  # all correct tied above all errors tied
+    optimal = (errors_first_m == 0) & (starts_after_m == 1) & (start_at_m1 == 1)
   else:
-    is_end = jnp.ones((n,), bool)
-  return cum, is_end
+    oracle = total[2] / n
+    optimal = errors_first_m == 0
+    if convention == "step":
+      optimal &= starts_after_m == n - m
+  trivial = (num_errors == 0) | (num_errors == n) | optimal
+  eaurc_value = jnp.where(trivial, jnp.float32(0.0), jnp.maximum(aurc_value - oracle, 0.0))
+  return RiskCoverageSummary(aurc_value, augrc_value, eaurc_value)
+
+
+def _per_backend(kernel, *args, **options):
+  """``kernel(*args, sequential=...)``: the sequential form on CPU, the parallel one elsewhere."""
+  return lax.platform_dependent(
+      *args, cpu=functools.partial(kernel, sequential=True, **options),
+      default=functools.partial(kernel, sequential=False, **options))
 
 
 @functools.partial(jax.jit, static_argnames=("convention",))
 def _summary_impl(c, correct, *, convention):
-  s = _sort_outcomes(c, correct, keep_input_order=convention == "published_code")
-  n = c.shape[0]
-  aurc_terms, augrc_terms = _terms(s.cum_loss, s.is_end, convention)
-  aurc_value = jnp.sum(aurc_terms) / n
-  augrc_value = jnp.sum(augrc_terms) / n / n
-  if correct.dtype != jnp.bool_:
-    return RiskCoverageSummary(aurc_value, augrc_value, jnp.float32(jnp.nan))
-  num_errors = s.cum_loss[-1]
-  oracle_terms, _ = _terms(*_oracle_curve(num_errors, n, convention), convention)
-  # Summing the per-position differences (not subtracting two sums) makes a
-  # curve that coincides with the oracle's give exactly 0. With a single class
-  # every scoring is optimal.
-  excess = jnp.maximum(jnp.sum(aurc_terms - oracle_terms) / n, 0.0)
-  eaurc_value = jnp.where((num_errors == 0) | (num_errors == n), jnp.float32(0.0), excess)
-  return RiskCoverageSummary(aurc_value, augrc_value, eaurc_value)
+  return _per_backend(_summary_kernel, c, correct, convention=convention, with_eaurc=True)
 
 
 @functools.partial(jax.jit, static_argnames=("convention",))
 def _aurc_impl(c, correct, *, convention):
-  s = _sort_outcomes(c, correct, keep_input_order=convention == "published_code")
-  return _areas(s.cum_loss, s.is_end, convention)
+  s = _per_backend(_summary_kernel, c, correct, convention=convention, with_eaurc=False)
+  return s.aurc, s.augrc
 
 
 # --------------------------------------------------------------------------
@@ -306,7 +441,7 @@ def aurc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Arr
     float32 of shape [...] (a scalar for 1-D inputs) in [0, 1]; lower is better.
 
   Examples:
-    >>> from cwsa_jax._risk_coverage import aurc
+    >>> from cwsa_jax import aurc
     >>> c, ok = [0.7, 0.6, 0.8], [True, False, True]
     >>> print(round(float(aurc(c, ok)), 4), round(float(aurc(c, ok, convention="trapezoid")), 4))
     0.1111 0.0556
@@ -350,7 +485,7 @@ def augrc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Ar
     float32 of shape [...] in [0, 1]; lower is better.
 
   Examples:
-    >>> from cwsa_jax._risk_coverage import augrc
+    >>> from cwsa_jax import augrc
     >>> print(round(float(augrc([0.7, 0.6, 0.8], [True, False, True], convention="trapezoid")), 4))
     0.0556
 
@@ -394,7 +529,7 @@ def eaurc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Ar
     float32 of shape [...], >= 0.
 
   Examples:
-    >>> from cwsa_jax._risk_coverage import eaurc
+    >>> from cwsa_jax import eaurc
     >>> print(round(float(eaurc([0.9, 0.8, 0.7], [True, False, True])), 4))
     0.1667
   """
@@ -419,7 +554,7 @@ def risk_coverage_summary(confidences: Any, correct: Any, *,
     the separate functions.
 
   Examples:
-    >>> from cwsa_jax._risk_coverage import risk_coverage_summary
+    >>> from cwsa_jax import risk_coverage_summary
     >>> s = risk_coverage_summary([0.7, 0.6, 0.8], [True, False, True])
     >>> print(round(float(s.aurc), 4), round(float(s.augrc), 4), round(float(s.eaurc), 4))
     0.1111 0.1111 0.0
@@ -430,24 +565,46 @@ def risk_coverage_summary(confidences: Any, correct: Any, *,
   return _validation.poison(_batched(fn, c.ndim)(c, k), rows=invalid)
 
 
-@jax.jit
-def _curve_impl(c, correct):
-  s = _sort_outcomes(c, correct, keep_input_order=False)
+def _curve_kernel(c, correct, *, sequential):
   n = c.shape[0]
-  pos = jnp.arange(1, n + 1, dtype=jnp.int32)
-  cumf = s.cum_loss.astype(jnp.float32)
-  values = (
-      lax.bitcast_convert_type(s.key, jnp.float32),
-      pos.astype(jnp.float32) / n,
-      cumf / pos.astype(jnp.float32),
-      cumf / n,
-  )
-  group = _cumsum(s.is_end.astype(jnp.int32)) - 1
-  target = jnp.where(s.is_end, group, n)  # n is out of range: dropped
-  out = tuple(jnp.full((n,), v[-1]).at[target].set(v, mode="drop") for v in values)
-  num_points = group[-1] + 1
+  chunk, length = _layout(n, sequential)
+  keys, losses = _sorted_outcomes(c, correct, keep_input_order=False, length=length)
+
+  # The groups a chunk closes are compacted in a chunk-sized buffer (a scatter
+  # in cache), then written as one contiguous block after those of the earlier
+  # chunks (an in-place dynamic-update-slice; the buffers have a chunk of
+  # slack at the end, overwritten by later chunks or cut off).
+  def reduce(acc, s, i):
+    ends, cums, group_keys, count = acc
+    closes = _closes(s, n)
+    local = jnp.where(closes, s.groups - 1 - count, chunk)  # chunk: out of range, dropped
+
+    def put(buffer, values):
+      block = jnp.zeros((chunk,), buffer.dtype).at[local].set(values, mode="drop")
+      return lax.dynamic_update_slice_in_dim(buffer, block, count, 0)
+
+    return (put(ends, s.k - 1), put(cums, s.cum), put(group_keys, s.key),
+            count + jnp.sum(closes.astype(jnp.int32)))
+
+  size = n + chunk
+  init = (jnp.zeros((size,), jnp.int32), jnp.zeros((size,), losses.dtype),
+          jnp.zeros((size,), jnp.int32), jnp.zeros((), jnp.int32))
+  ends, cums, group_keys, num_points = _scan_groups(keys, losses, reduce, init, chunk=chunk,
+                                                    sequential=sequential)
+  ends, cums, group_keys = ends[:n], cums[:n], group_keys[:n]
+  cumf = cums.astype(jnp.float32)
+  endf = jnp.maximum(ends, 1).astype(jnp.float32)
+  values = (lax.bitcast_convert_type(group_keys, jnp.float32), ends.astype(jnp.float32) / n,
+            cumf / endf, cumf / n)
+  real = lax.iota(jnp.int32, n) < num_points
+  out = tuple(jnp.where(real, v, v[num_points - 1]) for v in values)  # pad with the last point
   thresholds = _group_confidences(out[0], c, num_points)
   return RiskCoverageCurve(thresholds, *out[1:], num_points=num_points)
+
+
+@jax.jit
+def _curve_impl(c, correct):
+  return _per_backend(_curve_kernel, c, correct)
 
 
 @jax.custom_jvp
@@ -494,7 +651,7 @@ def risk_coverage_curve(confidences: Any, correct: Any) -> RiskCoverageCurve:
     ``num_points`` says how many are distinct. Slice ``[:num_points]`` outside jit.
 
   Examples:
-    >>> from cwsa_jax._risk_coverage import risk_coverage_curve
+    >>> from cwsa_jax import risk_coverage_curve
     >>> curve = risk_coverage_curve([0.9, 0.5, 0.9, 0.2], [True, False, False, True])
     >>> m = int(curve.num_points)
     >>> print(m, [round(float(x), 2) for x in curve.coverage[:m]], [round(float(x), 3) for x in curve.risk[:m]])
@@ -510,17 +667,38 @@ def _as_targets(x: Any, name: str, *, low_open: bool):
   return t, _validation.check_range(t, name, low_open=low_open)
 
 
+def _first_position(n: int, target: jax.Array) -> jax.Array:
+  """Smallest position p in [1, n] whose coverage p / n is >= ``target`` (n if none), by bisection."""
+  low = jnp.zeros(target.shape, jnp.int32)  # positions 1..low have coverage < target
+  high = jnp.full(target.shape, n, jnp.int32)
+  for _ in range(int(n).bit_length() + 1):
+    mid = (low + high + 1) // 2
+    below = mid.astype(jnp.float32) / n < target
+    low, high = jnp.where(below, mid, low), jnp.where(below, high, mid - 1)
+  return jnp.minimum(low + 1, n)
+
+
+def _risk_at_coverage_kernel(c, correct, target, *, sequential):
+  n = c.shape[0]
+  chunk, length = _layout(n, sequential)
+  keys, losses = _sorted_outcomes(c, correct, keep_input_order=False, length=length)
+  flat = target.reshape(-1)
+  position = _first_position(n, flat - _TARGET_SLACK)  # the answer is its tie group's risk
+
+  def reduce(acc, s, i):
+    end = s.k - 1
+    holds = (_closes(s, n)[:, None] & (s.start[:, None] <= position[None, :])
+             & (position[None, :] <= end[:, None]))
+    return acc + jnp.sum(jnp.where(holds, _risk(s)[:, None], jnp.float32(0.0)), axis=0)
+
+  init = jnp.zeros(flat.shape, jnp.float32)
+  result = _scan_groups(keys, losses, reduce, init, chunk=chunk, sequential=sequential)
+  return result.reshape(target.shape)
+
+
 @jax.jit
 def _risk_at_coverage_impl(c, correct, target):
-  s = _sort_outcomes(c, correct, keep_input_order=False)
-  n = c.shape[0]
-  pos = jnp.arange(1, n + 1, dtype=jnp.int32)
-  coverage = pos.astype(jnp.float32) / n
-  # End of the tie group holding each position (reverse running minimum).
-  group_end = lax.associative_scan(jnp.minimum, jnp.where(s.is_end, pos - 1, n), reverse=True)
-  first = jnp.clip(jnp.searchsorted(coverage, target - _TARGET_SLACK, side="left"), 0, n - 1)
-  end = group_end[first]
-  return s.cum_loss[end].astype(jnp.float32) / pos[end].astype(jnp.float32)
+  return _per_backend(_risk_at_coverage_kernel, c, correct, target)
 
 
 def risk_at_coverage(confidences: Any, correct: Any, coverage: Any) -> jax.Array:
@@ -544,7 +722,7 @@ def risk_at_coverage(confidences: Any, correct: Any, coverage: Any) -> jax.Array
     float32 array of shape ``[...] + coverage.shape``.
 
   Examples:
-    >>> from cwsa_jax._risk_coverage import risk_at_coverage
+    >>> from cwsa_jax import risk_at_coverage
     >>> c, ok = [0.9, 0.8, 0.7, 0.6], [True, True, False, True]
     >>> print([round(float(r), 4) for r in risk_at_coverage(c, ok, [0.5, 0.75, 1.0])])
     [0.0, 0.3333, 0.25]
@@ -555,19 +733,24 @@ def risk_at_coverage(confidences: Any, correct: Any, coverage: Any) -> jax.Array
   return _validation.poison(result, rows=invalid, items=target_flag)
 
 
+def _coverage_at_risk_kernel(c, correct, target, *, sequential):
+  n = c.shape[0]
+  chunk, length = _layout(n, sequential)
+  keys, losses = _sorted_outcomes(c, correct, keep_input_order=False, length=length)
+  flat = target.reshape(-1)
+
+  def reduce(acc, s, i):
+    ok = _closes(s, n)[:, None] & (_risk(s)[:, None] <= flat[None, :] + _TARGET_SLACK)
+    return jnp.maximum(acc, jnp.max(jnp.where(ok, (s.k - 1)[:, None], 0), axis=0))
+
+  init = jnp.zeros(flat.shape, jnp.int32)
+  best = _scan_groups(keys, losses, reduce, init, chunk=chunk, sequential=sequential)
+  return (best.astype(jnp.float32) / n).reshape(target.shape)
+
+
 @jax.jit
 def _coverage_at_risk_impl(c, correct, target):
-  s = _sort_outcomes(c, correct, keep_input_order=False)
-  n = c.shape[0]
-  pos = jnp.arange(1, n + 1, dtype=jnp.int32)
-  risk = s.cum_loss.astype(jnp.float32) / pos.astype(jnp.float32)
-
-  def one(t):
-    ok = s.is_end & (risk <= t + _TARGET_SLACK)
-    return jnp.max(jnp.where(ok, pos, 0)).astype(jnp.float32) / n
-
-  flat = target.reshape(-1)
-  return jax.vmap(one)(flat).reshape(target.shape)
+  return _per_backend(_coverage_at_risk_kernel, c, correct, target)
 
 
 def coverage_at_risk(confidences: Any, correct: Any, risk: Any) -> jax.Array:
@@ -590,7 +773,7 @@ def coverage_at_risk(confidences: Any, correct: Any, risk: Any) -> jax.Array:
     float32 array of shape ``[...] + risk.shape``.
 
   Examples:
-    >>> from cwsa_jax._risk_coverage import coverage_at_risk
+    >>> from cwsa_jax import coverage_at_risk
     >>> c, ok = [0.9, 0.8, 0.7, 0.6], [True, True, False, True]
     >>> print([round(float(x), 2) for x in coverage_at_risk(c, ok, [0.0, 0.25, 0.3])])
     [0.5, 1.0, 1.0]

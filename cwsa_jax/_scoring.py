@@ -91,7 +91,7 @@ def brier_score(probs: Any, labels: Any, *, from_logits: bool = False) -> jax.Ar
     float32 of shape [...] (a scalar for [n, K] inputs); lower is better.
 
   Examples:
-    >>> from cwsa_jax._scoring import brier_score
+    >>> from cwsa_jax import brier_score
     >>> p = [[0.9, 0.1], [0.1, 0.9], [0.2, 0.8], [0.7, 0.3]]
     >>> print(round(float(brier_score(p, [0, 1, 1, 0])), 4))
     0.075
@@ -121,7 +121,7 @@ def nll(probs_or_logits: Any, labels: Any, *, from_logits: bool = False) -> jax.
     float32 of shape [...]; lower is better.
 
   Examples:
-    >>> from cwsa_jax._scoring import nll
+    >>> from cwsa_jax import nll
     >>> p = [[0.1, 0.9], [0.9, 0.1], [0.8, 0.2], [0.35, 0.65]]
     >>> print(round(float(nll(p, [1, 0, 0, 1])), 5))
     0.21616

@@ -7,15 +7,12 @@ from typing import NamedTuple
 import numpy as np
 
 from cwsa_jax import _validation
-from cwsa_jax._sweep import sweep
+from cwsa_jax._sweep import default_thresholds, sweep
 
 METRICS = ("cwsa", "cwsa_plus", "selective_accuracy")
 SLACK = 1e-6  # tolerance of the constraints for float32 rounding of coverage and risk
 
-
-def default_thresholds() -> np.ndarray:
-  """The default grid 0.50, 0.51, ..., 0.99 (50 thresholds, float32)."""
-  return (np.arange(50, dtype=np.float64) / 100.0 + 0.5).astype(np.float32)
+__all__ = ["METRICS", "SLACK", "ThresholdChoice", "default_thresholds", "select_threshold"]
 
 
 class ThresholdChoice(NamedTuple):
@@ -81,7 +78,7 @@ def select_threshold(confidences, correct, *, metric: str = "cwsa", min_coverage
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from cwsa_jax._select import select_threshold
+    >>> from cwsa_jax import select_threshold
     >>> c = jnp.array([0.95, 0.9, 0.8, 0.7, 0.6, 0.55]); ok = jnp.array([1, 1, 1, 0, 1, 0])
     >>> choice = select_threshold(c, ok, thresholds=jnp.array([0.5, 0.6, 0.75]))
     >>> print(round(choice.threshold, 4), round(choice.coverage, 4), round(choice.selective_risk, 4))

@@ -45,21 +45,17 @@ import jax.numpy as jnp
 
 from cwsa_jax import _exact
 from cwsa_jax import _stats
+from cwsa_jax import _sweep
 from cwsa_jax import _validation
 
 
 def _retained_exact(confidences, correct, tau):
-  """Exact :class:`~cwsa_jax._stats.Sums` [1] of the retained set {c >= tau}."""
-  graded = correct.dtype != jnp.bool_
+  """Exact :class:`~cwsa_jax._stats.Sums` [1] of the retained set {c >= tau}.
 
-  def columns_fn(c, kappa):
-    return _stats.segment_columns(c, kappa, (c >= tau).astype(jnp.int32))
-
-  per_bucket = _stats.segments_per_bucket(graded)
-  hi, lo = _exact.segment_sums(columns_fn, [confidences, correct], 2 * per_bucket)
-  # Segments of the retained bucket (1), as [1, per_bucket * K].
-  values = _exact.to_float(hi[per_bucket:].reshape(1, -1), lo[per_bucket:].reshape(1, -1))
-  return _stats.sums_from_columns(values, graded)
+  The sweep's pipeline with the single threshold tau: bucket 1 is the retained set.
+  """
+  hi, lo = _sweep.bucket_sums(confidences, correct, tau[None])
+  return _stats.sums_from_columns(_exact.to_float(hi[1:], lo[1:]), correct.dtype != jnp.bool_)
 
 
 def _retained_segments(confidences, correct, tau):
@@ -78,6 +74,12 @@ def _metrics_1d(confidences, correct, tau):
 
 def _metrics(confidences, correct, tau, normalize: str = "retained") -> _stats.Metrics:
   _stats.check_normalize(normalize)
+  if not _validation.is_concrete(confidences, correct):
+    return _metrics_traced(confidences, correct, tau, normalize=normalize)
+  return _checked_metrics(confidences, correct, tau, normalize=normalize)
+
+
+def _checked_metrics(confidences, correct, tau, *, normalize: str) -> _stats.Metrics:
   confidences, correct, tau, rows, tau_flag = _validation.prepare_at_threshold(
       confidences, correct, tau, hint="; use sweep() for many thresholds")
   fn = _metrics_1d
@@ -85,6 +87,10 @@ def _metrics(confidences, correct, tau, normalize: str = "retained") -> _stats.M
     fn = jax.vmap(fn, in_axes=(0, 0, None))
   metrics = _stats.renormalize(fn(confidences, correct, tau), normalize)
   return _validation.poison(metrics, rows=rows, items=tau_flag)
+
+
+# Traced samples: the value checks become flags, compiled with the kernel (see sweep).
+_metrics_traced = jax.jit(_checked_metrics, static_argnames=("normalize",))
 
 
 def cwsa(confidences, correct, tau, *, normalize: str = "retained") -> jax.Array:

@@ -179,7 +179,7 @@ def soft_cwsa(confidences: Any, correct: Any, tau: Any = 0.5, *, temperature: An
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from cwsa_jax._soft import soft_cwsa
+    >>> from cwsa_jax import soft_cwsa
     >>> c = jnp.array([0.9, 0.6, 0.8, 0.3])
     >>> ok = jnp.array([True, False, True, True])
     >>> print(round(float(soft_cwsa(c, ok, 0.5, temperature=1e-4)), 4))  # hard: (0.8 - 0.2 + 0.6)/3
@@ -223,7 +223,7 @@ def soft_cwsa_plus(confidences: Any, correct: Any, tau: Any = 0.5, *,
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from cwsa_jax._soft import soft_cwsa_plus
+    >>> from cwsa_jax import soft_cwsa_plus
     >>> c = jnp.array([0.9, 0.6, 0.8, 0.3])
     >>> ok = jnp.array([True, False, True, True])
     >>> print(round(float(soft_cwsa_plus(c, ok, 0.5, temperature=1e-4)), 4))  # (0.8 + 0.6)/3
@@ -276,7 +276,7 @@ def soft_cwsa_sweep(confidences: Any, correct: Any, thresholds: Any, *,
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from cwsa_jax._soft import soft_cwsa_sweep
+    >>> from cwsa_jax import soft_cwsa_sweep
     >>> c = jnp.array([0.9, 0.6, 0.8, 0.3])
     >>> ok = jnp.array([True, False, True, True])
     >>> values = soft_cwsa_sweep(c, ok, jnp.array([0.5, 0.7]), temperature=1e-4)
@@ -358,7 +358,7 @@ def soft_cwsa_band_area(confidences: Any, correct: Any, *,
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from cwsa_jax._soft import soft_cwsa_band_area
+    >>> from cwsa_jax import soft_cwsa_band_area
     >>> c = jnp.array([0.95, 0.62, 0.83, 0.3])
     >>> ok = jnp.array([True, False, True, True])
     >>> a = soft_cwsa_band_area(c, ok, band=(0.5, 0.9), temperature=0.02)

@@ -55,6 +55,15 @@ def segments_per_bucket(graded: bool) -> int:
   return 1 if graded else 2
 
 
+def bucket_width(graded: bool) -> int:
+  """Columns W of one bucket's sums: 2 segments x (1, u_hi, u_lo), or the 12 graded columns."""
+  return 1 + 2 * GRADED_DIGITS + U_DIGITS if graded else 2 * len(BINARY_COLUMNS)
+
+
+# The binary layout's columns: count and 1 - c = (u_hi 4096 + u_lo) 2^-24.
+BINARY_COLUMNS = ("count", "u_hi", "u_lo")
+
+
 def segment_columns(confidences: jax.Array, correct: jax.Array,
                     bucket: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Segment ids and int32 digit columns [K, n] of the samples' statistics.
@@ -71,9 +80,8 @@ def segment_columns(confidences: jax.Array, correct: jax.Array,
   u = 1.0 - c
   ones = jnp.ones(c.shape, jnp.int32)
   if correct.dtype == jnp.bool_:
-    units = (u * 16777216.0).astype(jnp.int32)  # exact: u is a multiple of 2^-24
     ids = 2 * bucket + correct.astype(jnp.int32)
-    return ids, jnp.stack([ones, units >> 12, units & 4095], axis=0)
+    return ids, jnp.stack([ones] + _exact.grid_columns(u), axis=0)
   kappa = jnp.clip(correct.astype(jnp.float32), 0.0, 1.0)
   cols = ([ones] + _exact.digits(kappa, GRADED_DIGITS) + _exact.grid_digits(u)
           + _exact.digits(u * kappa, GRADED_DIGITS))
@@ -93,6 +101,91 @@ def sums_from_columns(values: jax.Array, graded: bool) -> Sums:
   u = _exact.combine(values[..., 1 + g:1 + g + U_DIGITS], U_DIGITS)
   uk = _exact.combine(values[..., 1 + g + U_DIGITS:1 + 2 * g + U_DIGITS], g)
   return Sums(count, correct, u, uk)
+
+
+# ------------------------------------------------------------------ calibration
+#
+# Per-bin sums for the ECE family: the count N, A = sum kappa and U = sum (1 - c)
+# of each bin. Binary correctness reuses the binary layout above (segment
+# 2 bin + correct, columns (1, u_hi, u_lo): A is the count of the "correct"
+# segments). Graded correctness has one segment per bin and the columns
+# (1, kappa in three base-4096 digits, u_hi, u_lo). Either is brought to the
+# canonical per-bin columns CALIBRATION_COLUMNS (the graded ones), where every
+# column is a base-4096 digit, so any signed combination such as the gap
+# sum (c - kappa) = N - A - U converts to float32 exactly (``_exact.exact_float``).
+
+CALIBRATION_COLUMNS = 6  # count, kappa digits at 2^-12, 2^-24, 2^-36, u digits at 2^-12, 2^-24
+_KAPPA_WIDE = 3
+_COUNT, _KAPPA, _U = 0, 1, 1 + _KAPPA_WIDE
+
+
+def calibration_columns(confidences: jax.Array, correct: jax.Array,
+                        bin_index: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Segment ids and int32 columns [K, n] of the per-bin calibration sums.
+
+  Binary ``correct``: :func:`segment_columns` (2 segments per bin, K = 3);
+  graded: segment ``bin_index`` and the canonical columns (K = 6).
+  """
+  if correct.dtype == jnp.bool_:
+    return segment_columns(confidences, correct, bin_index)
+  c = jnp.clip(confidences.astype(jnp.float32), 0.0, 1.0)
+  kappa = jnp.clip(correct.astype(jnp.float32), 0.0, 1.0)
+  cols = ([jnp.ones(c.shape, jnp.int32)] + _exact.wide_digits(kappa, _KAPPA_WIDE)
+          + _exact.grid_columns(1.0 - c))
+  return bin_index, jnp.stack(cols, axis=0)
+
+
+def calibration_segments(num_bins: int, graded: bool) -> int:
+  """Number of segments of :func:`calibration_columns` for ``num_bins`` bins."""
+  return num_bins * segments_per_bucket(graded)
+
+
+def calibration_canonical(hi: jax.Array, lo: jax.Array,
+                          graded: bool) -> tuple[jax.Array, jax.Array]:
+  """The canonical exact per-bin sums [B, CALIBRATION_COLUMNS] of either layout's sums.
+
+  Binary sums [2B, 3] become count = N_wrong + N_right, the first kappa digit
+  4096 N_right (A = N_right exactly) and u = U_wrong + U_right; graded sums
+  are canonical already. Exact integer operations only.
+  """
+  if graded:
+    return hi, lo
+  num_bins = hi.shape[0] // 2
+  h, l = hi.reshape(num_bins, 2, 3), lo.reshape(num_bins, 2, 3)
+  both = lambda j: _exact.add((h[:, 0, j], l[:, 0, j]), (h[:, 1, j], l[:, 1, j]))
+  count, u_hi, u_lo = both(0), both(1), both(2)
+  right = h[:, 1, 0] * 4096 + l[:, 1, 0]  # N_right < 2^31
+  zero = jnp.zeros_like(right)
+  cols_hi = [count[0], right, zero, zero, u_hi[0], u_lo[0]]
+  cols_lo = [count[1], zero, zero, zero, u_hi[1], u_lo[1]]
+  return jnp.stack(cols_hi, axis=-1), jnp.stack(cols_lo, axis=-1)
+
+
+class BinTotals(NamedTuple):
+  """Per-bin sums from the canonical calibration columns (float32 [..., B])."""
+  count: jax.Array       # N (exact below 2^24)
+  correct: jax.Array     # A = sum kappa
+  confidence: jax.Array  # sum c = N - U
+  gap: jax.Array         # sum (c - kappa) = N - A - U
+
+
+def calibration_totals(hi: jax.Array, lo: jax.Array) -> BinTotals:
+  """:class:`BinTotals` of the canonical sums [..., B, CALIBRATION_COLUMNS].
+
+  Each total is one exact integer combination of the columns rounded to
+  float32 (``_exact.exact_float``), so the gap keeps full relative precision
+  even when N - A and U nearly cancel, and equal states give equal floats.
+  """
+  col = lambda j, sign, place: (sign, hi[..., j], lo[..., j], place)
+  count = col(_COUNT, 1, 0)
+  kappa = [col(_KAPPA + j, 1, -1 - j) for j in range(_KAPPA_WIDE)]
+  minus_u = [col(_U, -1, -1), col(_U + 1, -1, -2)]
+  minus_kappa = [(-1, h, l, p) for _, h, l, p in kappa]
+  return BinTotals(
+      count=_exact.exact_float([count]),
+      correct=_exact.exact_float(kappa),
+      confidence=_exact.exact_float([count] + minus_u),
+      gap=_exact.exact_float([count] + minus_kappa + minus_u))
 
 
 class Metrics(NamedTuple):

@@ -4,26 +4,40 @@ A kernel that compares every sample with every threshold materialises an
 n x T mask: O(nT) time and memory. Here each sample is instead *bucketed*
 into its threshold interval, the per-bucket sufficient statistics are summed
 exactly (``_exact``), and a reverse cumulative sum over the T + 1 buckets gives
-the retained-set statistics of every threshold at once. The cost is O(n) plus
-a few passes of a short binary search, nearly flat in T.
+the retained-set statistics of every threshold at once. The cost is O(n),
+nearly flat in T.
 
-Bucketing uses a small table over [0, 1] split into 2T or more equal cells:
-for each cell, the index of its first threshold and the number of thresholds
-inside it; a binary search over that (usually empty or single-element) range
-finishes the job. ``c >= tau`` is evaluated exactly,
-so ties at a threshold are retained, as the paper defines.
+Bucketing uses a table over [0, 1] split into 4T or more equal cells: for
+each cell, the index of its first threshold, the number of thresholds inside
+it and the smallest of them. When no cell holds two thresholds (any grid
+coarser than the table), a sample's bucket is one lookup and one comparison,
+``first[cell(c)] + [c >= smallest[cell(c)]]``; otherwise a short binary search
+over the thresholds of the sample's cell finishes the job. ``c >= tau`` is
+evaluated exactly, so ties at a threshold are retained, as the paper defines.
+
+:func:`bucket_sums` is the one bucket-and-sum pipeline of the sweep family:
+:func:`sweep`, ``sweep_by_group`` (segments ``group * (T + 1) + bucket``),
+the single-threshold metrics (T = 1), ``bootstrap_sweep``'s estimate and
+``SweepState``. Leading batch axes, and ``jax.vmap`` over it (a custom
+batching rule), become more segments of the same single pass, not a batched
+loop.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.custom_batching import custom_vmap
 
 from cwsa_jax import _exact
 from cwsa_jax import _stats
 from cwsa_jax import _validation
+
 
 class SweepResult(NamedTuple):
   """Hard metrics at every threshold; every field has shape [..., T]."""
@@ -34,9 +48,26 @@ class SweepResult(NamedTuple):
   cwsa_plus: jax.Array
 
 
+# The metric fields of a SweepResult (everything but the thresholds).
+METRIC_FIELDS = SweepResult._fields[1:]
+
+
+def default_thresholds() -> np.ndarray:
+  """The default grid 0.50, 0.51, ..., 0.99 (50 thresholds, float32)."""
+  return (np.arange(50, dtype=np.float64) / 100.0 + 0.5).astype(np.float32)
+
+
+def published_thresholds() -> np.ndarray:
+  """``np.linspace(0.5, 0.99, 20)`` in float32: the grid of the paper's published code."""
+  return np.linspace(0.5, 0.99, 20).astype(np.float32)
+
+
+# ------------------------------------------------------------------ bucketing
+
+
 def num_cells(num_thresholds: int) -> int:
-  """Static size of the bucket table: a power of two >= 2T (at least 64)."""
-  return max(64, 1 << (2 * num_thresholds - 1).bit_length())
+  """Static size of the bucket table: a power of two >= 4T (at least 1024, at most 2^20)."""
+  return min(1 << 20, max(1024, 1 << (4 * num_thresholds - 1).bit_length()))
 
 
 def _cell(x: jax.Array, cells: int) -> jax.Array:
@@ -48,25 +79,50 @@ def _cell(x: jax.Array, cells: int) -> jax.Array:
 
 def bucket_table(sorted_thresholds: jax.Array, cells: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Per cell: index of its first threshold, number of thresholds in it; and the max count."""
-  counts = jnp.zeros((cells,), jnp.int32).at[_cell(sorted_thresholds, cells)].add(1)
-  first = jnp.cumsum(counts) - counts
-  return first, counts, jnp.max(counts)
+  cell = _cell(sorted_thresholds, cells)
+  counts = jnp.zeros((cells,), jnp.int32).at[cell].add(1)
+  # A binary search rather than a cumulative sum of the counts: XLA would fuse
+  # the cumulative sum into the per-sample lookups and redo it for every sample.
+  first = jnp.searchsorted(cell, jnp.arange(cells, dtype=jnp.int32), side="left")
+  return first.astype(jnp.int32), counts, jnp.max(counts)
+
+
+def cell_minima(sorted_thresholds: jax.Array, first: jax.Array, counts: jax.Array) -> jax.Array:
+  """Per cell: its smallest threshold (+inf for a cell without one)."""
+  last = sorted_thresholds.shape[0] - 1
+  return jnp.where(counts > 0, sorted_thresholds[jnp.minimum(first, last)], jnp.inf)
 
 
 def bucketize(confidences: jax.Array, sorted_thresholds: jax.Array, first: jax.Array,
-              counts: jax.Array, max_per_cell: jax.Array) -> jax.Array:
+              counts: jax.Array, max_per_cell: jax.Array,
+              minima: jax.Array | None = None) -> jax.Array:
   """Number of sorted thresholds <= each confidence: its bucket in [0, T].
 
-  ``k = first[cell(c)] + #{thresholds t in cell(c) : t <= c}``, the second
-  term found by binary lifting with ceil(log2(max_per_cell + 1)) steps (one
-  step for any grid finer than the table).
+  ``k = first[cell(c)] + #{thresholds t in cell(c) : t <= c}``: one comparison
+  with the cell's smallest threshold when no cell holds more than one,
+  otherwise binary lifting with ceil(log2(max_per_cell + 1)) steps.
   """
+  if minima is None:
+    minima = cell_minima(sorted_thresholds, first, counts)
+  table = (first, counts, max_per_cell, minima)
+  return jax.lax.cond(max_per_cell <= 1,
+                      lambda c: _bucketize(c, sorted_thresholds, table, one_per_cell=True),
+                      lambda c: _bucketize(c, sorted_thresholds, table, one_per_cell=False),
+                      confidences)
+
+
+def _bucketize(confidences, sorted_thresholds, table, *, one_per_cell: bool):
+  """:func:`bucketize` for a table known to hold at most one threshold per cell, or any table."""
   num_thresholds = sorted_thresholds.shape[0]
+  if num_thresholds == 1:
+    return (confidences >= sorted_thresholds[0]).astype(jnp.int32)
+  first, counts, max_per_cell, minima = table
   cell = _cell(confidences, first.shape[0])
+  if one_per_cell:
+    return first[cell] + (confidences >= minima[cell]).astype(jnp.int32)
   if num_thresholds < (1 << 15):
     # One gather instead of two: first and count packed in 15 + 16 bits.
-    packed = (first << 16) | counts
-    entry = packed[cell]
+    entry = ((first << 16) | counts)[cell]
     start, end = entry >> 16, (entry >> 16) + (entry & 0xFFFF)
   else:
     start = first[cell]
@@ -88,50 +144,163 @@ def sorted_thresholds(thresholds: jax.Array) -> tuple[jax.Array, jax.Array]:
 
   A NaN threshold (possible only inside a user's ``jit``, where its results are
   NaN) is sorted last and bucketed as +inf, so the cell table of the others
-  never depends on how NaN converts to an integer.
+  never depends on how NaN converts to an integer. An ascending grid (the
+  usual case) skips the sort.
   """
-  order = jnp.argsort(thresholds)
+  def argsort(t):
+    return jnp.argsort(t).astype(jnp.int32)
+
+  def identity(t):
+    return jnp.arange(t.shape[0], dtype=jnp.int32)
+
+  ascending = jnp.all(thresholds[1:] >= thresholds[:-1])  # False with a NaN
+  order = jax.lax.cond(ascending, identity, argsort, thresholds)
   sorted_values = thresholds[order]
   return order, jnp.where(jnp.isnan(sorted_values), jnp.inf, sorted_values)
 
 
-def bucket_sums(confidences: jax.Array, correct: jax.Array, sorted_thresh: jax.Array,
-                mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-  """Exact per-bucket statistics ``(hi, lo)``, int32 [T + 1, W], of 1-D samples.
+class _Buckets:
+  """The bucketing of one threshold grid: its table, built once per call."""
 
-  Bucket ``b`` holds the samples with exactly ``b`` sorted thresholds <= c;
-  W is 6 (binary correctness: wrong and correct segments of 3 columns) or 12
-  (graded). Samples with ``mask`` False are left out. The sums are exact
-  integers in canonical form, so adding two of them (and normalising) gives
-  bit-for-bit the sums of the concatenated samples.
-  """
-  num_thresholds = sorted_thresh.shape[0]
-  graded = correct.dtype != jnp.bool_
-  first, counts, max_per_cell = bucket_table(sorted_thresh, num_cells(num_thresholds))
-  per_bucket = _stats.segments_per_bucket(graded)
-  num_segments = per_bucket * (num_thresholds + 1)
+  def __init__(self, sorted_thresh: jax.Array):
+    self.sorted = sorted_thresh
+    self.num_buckets = sorted_thresh.shape[0] + 1
+    if self.num_buckets > 2:
+      first, counts, max_per_cell = bucket_table(sorted_thresh, num_cells(self.num_buckets - 1))
+      self.table = (first, counts, max_per_cell, cell_minima(sorted_thresh, first, counts))
+      self.one_per_cell = max_per_cell <= 1
+    else:
+      self.table = (None,) * 4
+      self.one_per_cell = None
 
-  def columns_fn(c, kappa, *keep):
-    bucket = bucketize(jnp.clip(c, 0.0, 1.0), sorted_thresh, first, counts, max_per_cell)
-    ids, cols = _stats.segment_columns(c, kappa, bucket)
-    if keep:  # out-of-range ids are dropped by the segment sum
-      ids = jnp.where(keep[0], ids, num_segments)
+  def __call__(self, confidences: jax.Array, *, one_per_cell: bool = False) -> jax.Array:
+    """Buckets of ``confidences``; ``one_per_cell`` (static) assumes ``self.one_per_cell``."""
+    return _bucketize(jnp.clip(confidences, 0.0, 1.0), self.sorted, self.table,
+                      one_per_cell=one_per_cell)
+
+  def switch(self, fn, *args):
+    """``fn(*args, one_per_cell=...)``, the fast variant where the table allows it.
+
+    One ``lax.cond`` around all of ``fn`` (e.g. a whole segment sum), so that
+    the fast branch fuses the lookups into their consumers.
+    """
+    if self.one_per_cell is None:
+      return fn(*args, one_per_cell=False)
+    return jax.lax.cond(self.one_per_cell, functools.partial(fn, one_per_cell=True),
+                        functools.partial(fn, one_per_cell=False), *args)
+
+
+# ------------------------------------------------------------------ the pipeline
+
+
+def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, masked):
+  """Exact per-bucket sums of samples [..., n]: one pass, leading axes as more segments."""
+  groups = extra[0] if num_groups else None
+  mask = extra[-1] if masked else None
+  lead, n = confidences.shape[:-1], confidences.shape[-1]
+  rows = math.prod(lead)
+  buckets = _Buckets(sorted_thresh)
+  num_buckets = buckets.num_buckets
+  per_row = (num_groups or 1) * num_buckets
+  num_segments = _stats.segments_per_bucket(correct.dtype != jnp.bool_) * rows * per_row
+
+  # Several rows: chunks of whole rows when a row fits in a chunk (each chunk
+  # summed into a table of its own rows), else the flattened samples, each
+  # sample's row found by a division.
+  by_rows = rows > 1 and n <= _exact.CHUNK_SIZE
+
+  def columns(c, kappa, *rest, one_per_cell):
+    rest = list(rest)
+    offset = rest.pop() if rows > 1 and not by_rows else None
+    segment = buckets(c, one_per_cell=one_per_cell)
+    drop = None
+    if groups is not None:
+      g = rest.pop(0)
+      segment = g * num_buckets + segment
+      drop = (g < 0) | (g >= num_groups)  # out-of-range groups (inside a user's jit): left out
+    if mask is not None:
+      keep = rest.pop(0)
+      drop = ~keep if drop is None else drop | ~keep
+    if by_rows:  # chunks [k, n] of rows; ids relative to the chunk's first row
+      segment = segment + jnp.arange(c.shape[0], dtype=jnp.int32)[:, None] * per_row
+    elif offset is not None:  # chunks of the flattened [rows * n]
+      position = offset + jnp.arange(c.shape[0], dtype=jnp.int32)
+      segment = segment + (position // n) * per_row
+    ids, cols = _stats.segment_columns(c, kappa, segment)
+    if drop is not None:
+      ids = jnp.where(drop, num_segments, ids)
     return ids, cols
 
-  arrays = [confidences, correct] + ([] if mask is None else [mask])
-  hi, lo = _exact.segment_sums(columns_fn, arrays, num_segments)
-  # [buckets * per_bucket, K] -> [buckets, per_bucket * K]
-  return hi.reshape(num_thresholds + 1, -1), lo.reshape(num_thresholds + 1, -1)
+  def sums(*arrays, one_per_cell):
+    fn = functools.partial(columns, one_per_cell=one_per_cell)
+    if by_rows:
+      return _exact.segment_sums(fn, arrays, num_segments, chunk_size=_exact.CHUNK_SIZE // n,
+                                 segments_per_entry=num_segments // rows)
+    return _exact.segment_sums(fn, arrays, num_segments, with_offset=rows > 1)
+
+  shape = (rows, n) if by_rows else (-1,)
+  hi, lo = buckets.switch(sums, *(x.reshape(shape) for x in (confidences, correct, *extra)))
+  # [rows * G * buckets * per_bucket, K] -> [..., (G,) buckets, per_bucket * K]
+  shape = lead + ((num_groups,) if num_groups else ()) + (num_buckets, -1)
+  return hi.reshape(shape), lo.reshape(shape)
+
+
+@functools.lru_cache(maxsize=None)
+def _bucket_sums_kernel(num_groups: int | None, masked: bool):
+  """:func:`_bucket_sums_impl` whose ``vmap`` flattens the batch into more segments."""
+  impl = functools.partial(_bucket_sums_impl, num_groups=num_groups, masked=masked)
+  kernel = custom_vmap(impl)
+
+  @kernel.def_vmap
+  def _rule(axis_size, in_batched, confidences, correct, sorted_thresh, *extra):
+    if in_batched[2]:  # a grid per batch member: no shared table, batch the plain kernel
+      in_axes = tuple(0 if b else None for b in in_batched)
+      return jax.vmap(impl, in_axes=in_axes)(confidences, correct, sorted_thresh, *extra), (True, True)
+    samples = [x if b else jnp.broadcast_to(x, (axis_size,) + x.shape)
+               for x, b in zip((confidences, correct, *extra), in_batched[:2] + in_batched[3:])]
+    return kernel(samples[0], samples[1], sorted_thresh, *samples[2:]), (True, True)
+
+  return kernel
+
+
+def bucket_sums(confidences: jax.Array, correct: jax.Array, sorted_thresh: jax.Array,
+                mask: jax.Array | None = None, *, groups: jax.Array | None = None,
+                num_groups: int | None = None) -> tuple[jax.Array, jax.Array]:
+  """Exact per-bucket statistics ``(hi, lo)``, int32 [..., (G,) T + 1, W], of samples [..., n].
+
+  Bucket ``b`` holds the samples with exactly ``b`` sorted thresholds <= c;
+  W is ``_stats.bucket_width(graded)``. With ``groups`` ([..., n] ids in
+  [0, num_groups); others are left out) the buckets are per group. Samples
+  with ``mask`` False are left out. The sums are exact integers in canonical
+  form, so adding two of them (and normalising) gives bit-for-bit the sums of
+  the concatenated samples. Leading axes [...] (and ``jax.vmap``) are summed
+  in the same single pass, as separate segments.
+  """
+  extra = ([] if groups is None else [groups]) + ([] if mask is None else [mask])
+  kernel = _bucket_sums_kernel(None if groups is None else num_groups, mask is not None)
+  return kernel(confidences, correct, sorted_thresh, *extra)
+
+
+def bucket_ids(confidences: jax.Array, sorted_thresh: jax.Array) -> jax.Array:
+  """Each sample's bucket in [0, T] (the segments of the sums' derivatives)."""
+  buckets = _Buckets(sorted_thresh)
+  return buckets.switch(buckets, confidences)
+
+
+def suffix_sums(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Exact reverse cumulative sums along the bucket axis (-2) of per-bucket sums."""
+  hi, lo = _exact.suffix_sums(jnp.moveaxis(hi, -2, 0), jnp.moveaxis(lo, -2, 0))
+  return jnp.moveaxis(hi, 0, -2), jnp.moveaxis(lo, 0, -2)
 
 
 def sums_from_bucket_sums(hi: jax.Array, lo: jax.Array) -> _stats.Sums:
-  """Retained-set :class:`~cwsa_jax._stats.Sums` [T + 1] of exact per-bucket sums [T + 1, W].
+  """Retained-set :class:`~cwsa_jax._stats.Sums` [..., T + 1] of exact per-bucket sums [..., T + 1, W].
 
   Entry ``b`` sums the buckets ``b, ..., T``: entry 0 is every sample, entry
   ``j + 1`` the retained set of sorted threshold ``j``.
   """
-  graded = hi.shape[-1] != 6
-  hi, lo = _exact.suffix_sums(hi, lo)
+  graded = hi.shape[-1] != _stats.bucket_width(False)
+  hi, lo = suffix_sums(hi, lo)
   return _stats.sums_from_columns(_exact.to_float(hi, lo), graded)
 
 
@@ -163,10 +332,7 @@ def _exact_suffix_sums(confidences, correct, sorted_thresh):
 
 def _segments(confidences, correct, sorted_thresh):
   del correct
-  num_thresholds = sorted_thresh.shape[0]
-  first, counts, max_per_cell = bucket_table(sorted_thresh, num_cells(num_thresholds))
-  bucket = bucketize(jnp.clip(confidences, 0.0, 1.0), sorted_thresh, first, counts, max_per_cell)
-  return bucket, (num_thresholds + 1,), 0
+  return bucket_ids(confidences, sorted_thresh), (sorted_thresh.shape[0] + 1,), 0
 
 
 @jax.jit
@@ -238,12 +404,23 @@ def sweep(confidences, correct, thresholds, *, normalize: str = "retained") -> S
     [1.0, 0.5] [0.325, 0.5]
   """
   _stats.check_normalize(normalize)
+  if not _validation.is_concrete(confidences, correct):
+    return _sweep_traced(confidences, correct, thresholds, normalize=normalize)
+  return _sweep(confidences, correct, thresholds, normalize=normalize)
+
+
+def _sweep(confidences, correct, thresholds, *, normalize: str) -> SweepResult:
   confidences, correct, invalid = _validation.samples(confidences, correct)
   thresholds, _ = _validation.thresholds(thresholds)  # invalid ones: NaN in the kernel
   fn = _sweep_1d
   for _ in range(confidences.ndim - 1):
-    fn = jax.vmap(fn, in_axes=(0, 0, None))
+    fn = jax.vmap(fn, in_axes=(0, 0, None))  # a flattening rule, not a loop (bucket_sums)
   result = fn(confidences, correct, thresholds)
   result = _stats.renormalize(result, normalize)
   fields = _validation.poison(tuple(result[1:]), rows=invalid)
   return SweepResult(result.thresholds, *fields)
+
+
+# Traced samples (inside a user's jit, vmap or grad): the value checks become
+# flags, computed with the kernel in one compiled call rather than op by op.
+_sweep_traced = jax.jit(_sweep, static_argnames=("normalize",))

@@ -23,12 +23,14 @@ Examples:
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
-from matplotlib.colors import to_rgba
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
+
+# matplotlib (the [plots] extra) is imported where a figure is drawn: the labels and the
+# default grid below serve the command line's text reports on the core install too.
+if TYPE_CHECKING:
+  from matplotlib.figure import Figure
 
 __all__ = [
     "METRIC_LABELS",
@@ -109,6 +111,7 @@ def save(fig: Figure, path: str | os.PathLike, *, dpi: int = 120) -> None:
 
 
 def _new_figure(size: tuple[float, float]) -> Figure:
+  from matplotlib.figure import Figure  # noqa: PLC0415
   return Figure(figsize=size, layout="constrained")
 
 
@@ -319,6 +322,7 @@ def compare_models(results: Mapping[str, Any], *, metrics: Sequence[str] = _SWEE
     ax.set_visible(False)
   handles, labels = axes[0].get_legend_handles_labels()
   if any_empty:
+    from matplotlib.lines import Line2D  # noqa: PLC0415
     handles.append(Line2D([], [], color="black", **_EMPTY_MARK))
     labels.append(_EMPTY_TEXT)
   fig.legend(handles, labels, loc="outside lower center",
@@ -378,6 +382,7 @@ def reliability_diagram(bins: Any, *, title: str | None = None, ece: float | Non
   acc = _field(bins, "accuracy")
   if edges.ndim != 1:
     raise ValueError(f"reliability_diagram needs one model's bins (1-D edges), got shape {edges.shape}")
+  from matplotlib.colors import to_rgba  # noqa: PLC0415
   fig = figure if figure is not None else _new_figure((5.5, 6.6))
   ax, ax_count = fig.subplots(2, 1, sharex=True, gridspec_kw=dict(height_ratios=(3, 1)))
   left, width = edges[:-1], np.diff(edges)
@@ -430,6 +435,7 @@ def reliability_diagram(bins: Any, *, title: str | None = None, ece: float | Non
     more = ax_count.get_legend_handles_labels()
     handles, labels = handles + more[0], labels + more[1]
     if ece is not None:
+      from matplotlib.lines import Line2D  # noqa: PLC0415
       handles.append(Line2D([], [], linestyle="none"))
       labels.append(f"ECE = {float(ece):.3g}")
     fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize="x-small",

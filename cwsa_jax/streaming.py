@@ -40,7 +40,9 @@ here is device-specific: with ``jax.distributed.initialize()`` the same code
 runs on every process of a multi-host GPU or TPU job, a mesh spans all
 devices, and JAX's own collectives do the reduction. Calling
 :func:`~cwsa_jax.sweep` on a sharded array gives the identical result too
-(XLA partitions the computation).
+(XLA partitions the computation). Where each process instead reads its own
+files, :func:`process_merge` merges the states of all processes (one
+all-reduce of the exact sums) and returns the global state on every process.
 
 Inside a user's ``jit`` the value checks cannot raise; a batch with NaN or
 out-of-range values marks the state invalid and ``compute`` returns NaN.
@@ -67,6 +69,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 from typing import Any, Callable, Iterable, NamedTuple
 
 import jax
@@ -87,15 +90,10 @@ __all__ = [
     "RiskCoverageState",
     "SweepState",
     "evaluate_batches",
+    "process_merge",
 ]
 
-_BINARY_WIDTH = 6    # SweepState columns per bucket, binary correctness
-_GRADED_WIDTH = 12   # ... graded correctness
 _KAPPA_DIGITS = _stats.GRADED_DIGITS
-
-
-def _leading(x: jax.Array, trailing: int) -> tuple[int, ...]:
-  return x.shape[:x.ndim - trailing]
 
 
 def _batched(fn: Callable, ndim: int, in_axes) -> Callable:
@@ -265,7 +263,7 @@ class SweepState:
     """
     t = _validation.as_thresholds(cls._class_thresholds() if thresholds is None else thresholds)
     graded = cls._graded if graded is None else graded
-    width = _GRADED_WIDTH if graded else _BINARY_WIDTH
+    width = _stats.bucket_width(graded)
     zeros = jnp.zeros((t.shape[0] + 1, width), jnp.int32)
     return cls(t, zeros, zeros, jnp.zeros((), bool))
 
@@ -306,7 +304,7 @@ class SweepState:
 
   @property
   def graded(self) -> bool:
-    return self.hi.shape[-1] == _GRADED_WIDTH
+    return self.hi.shape[-1] == _stats.bucket_width(True)
 
   def merge(self, other: "SweepState") -> "SweepState":
     """The state of both sets of samples (exact integer addition)."""
@@ -360,7 +358,7 @@ def _sweep_compute(thresholds, hi, lo, invalid):
 
 # --------------------------------------------------------------------- calibration
 
-_CAL_WIDTH = 1 + _KAPPA_DIGITS + _stats.U_DIGITS  # count, kappa digits, (1 - c) digits
+_CAL_WIDTH = _stats.CALIBRATION_COLUMNS  # count, kappa digits, (1 - c) digits
 
 
 @jax.tree_util.register_dataclass
@@ -371,10 +369,13 @@ class CalibrationState:
   Per bin ``b`` (edges ``float32(j)/float32(B)``, last bin closed, as in
   :func:`~cwsa_jax.ece`): ``n_b``, ``A_b = sum kappa`` and ``U_b = sum (1 - c)``,
   so ``conf_b = 1 - U_b/n_b``, ``acc_b = A_b/n_b`` and the signed gap
-  ``sum_b (c - kappa) = (n_b - A_b) - U_b``.
+  ``sum_b (c - kappa) = (n_b - A_b) - U_b``. The sums come from the same
+  pipeline as :func:`~cwsa_jax.ece` (``_calibration.bin_sums``), so a state
+  of all the data, however split and merged, computes the same values bit for
+  bit.
 
   Attributes:
-    hi, lo: int32 [..., B, 8] exact per-bin sums.
+    hi, lo: int32 [..., B, 6] exact per-bin sums (``_stats.CALIBRATION_COLUMNS``).
     invalid: bool [...].
   """
   hi: jax.Array
@@ -457,57 +458,23 @@ class CalibrationState:
 
 @functools.partial(jax.jit, static_argnames=("num_bins",))
 def _calibration_state_1d(c, k, mask, *, num_bins):
-  edges = _calibration.width_edges(num_bins)
-
-  def columns_fn(conf, kappa, *keep):
-    conf = jnp.clip(conf, 0.0, 1.0)
-    ids = _calibration.bin_index(conf, edges)
-    if keep:
-      ids = jnp.where(keep[0], ids, num_bins)
-    kap = jnp.clip(kappa.astype(jnp.float32), 0.0, 1.0)
-    cols = ([jnp.ones(conf.shape, jnp.int32)] + _exact.digits(kap, _KAPPA_DIGITS)
-            + _exact.grid_digits(1.0 - conf))
-    return ids, jnp.stack(cols, axis=0)
-
-  arrays = [c, k] + ([] if mask is None else [mask])
-  hi, lo = _exact.segment_sums(columns_fn, arrays, num_bins)
+  hi, lo = _calibration.bin_sums(c, k, _calibration.width_edges(num_bins), mask)
   return hi, lo, _stats.invalid_inputs(c, k)
-
-
-def _calibration_sums(hi, lo):
-  values = _exact.to_float(hi, lo)
-  count = values[..., 0]
-  correct = _exact.combine(values[..., 1:1 + _KAPPA_DIGITS], _KAPPA_DIGITS)
-  u = _exact.combine(values[..., 1 + _KAPPA_DIGITS:], _stats.U_DIGITS)
-  gap = (count - correct) - u  # sum of (c - kappa): both terms exact-ish, no large cancellation
-  return count, correct, u, gap
 
 
 @functools.partial(jax.jit, static_argnames=("norm",))
 def _calibration_error(hi, lo, invalid, *, norm):
-  count, _, _, gap = _calibration_sums(hi, lo)
-  n = jnp.sum(count)
-  safe = jnp.maximum(count, 1.0)
-  if norm == "l1":
-    value = jnp.sum(jnp.abs(gap)) / n
-  elif norm == "l2":
-    value = jnp.sqrt(jnp.sum(gap * (gap / safe)) / n)
-  else:
-    value = jnp.max(jnp.where(count > 0, jnp.abs(gap / safe), 0.0))
+  value = _calibration.error_from_totals(_stats.calibration_totals(hi, lo), norm)
   return jnp.where(invalid, jnp.nan, value)
 
 
 @jax.jit
 def _calibration_bins(hi, lo, invalid):
-  count, correct, u, _ = _calibration_sums(hi, lo)
-  safe = jnp.maximum(count, 1.0)
-  empty = (count == 0) | invalid
-  edges = _calibration.width_edges(hi.shape[0])
-  count_int = hi * 4096 + lo
-  return _calibration.CalibrationBins(
-      edges, count_int[:, 0],
-      jnp.where(empty, jnp.nan, (count - u) / safe),
-      jnp.where(empty, jnp.nan, correct / safe))
+  bins = _calibration.bins_from_totals(_calibration.width_edges(hi.shape[0]),
+                                       _calibration.exact_count(hi, lo),
+                                       _stats.calibration_totals(hi, lo))
+  return bins._replace(mean_confidence=jnp.where(invalid, jnp.nan, bins.mean_confidence),
+                       accuracy=jnp.where(invalid, jnp.nan, bins.accuracy))
 
 
 # ------------------------------------------------------------------ risk-coverage
@@ -802,3 +769,198 @@ def _progress_bar(total: int | None, enabled: bool):
   except ImportError:  # tqdm is optional (not a core dependency): no progress bar
     return None
   return tqdm(total=total, desc="evaluate", unit="batch", leave=False)
+
+
+# ------------------------------------------------------------------ many processes
+
+_MERGEABLE = (SweepState, CalibrationState, RiskCoverageState)
+_DESCRIPTION_BYTES = 256
+_DIGEST_BYTES = 32
+_PROCESS_AXIS = "processes"
+_OK, _NOT_A_STATE, _ALREADY_GLOBAL = 0, 1, 2
+
+
+def process_merge(state: Any) -> Any:
+  """Merges a state over every process of a ``jax.distributed`` job; each process gets the total.
+
+  Each of the ``P`` processes passes the state of its own share of the data
+  (its files, its batches); every process gets back the state of all of them,
+
+  .. math::
+
+    S = S_0 \\oplus S_1 \\oplus \\cdots \\oplus S_{P-1},
+
+  where :math:`\\oplus` is the state's :meth:`~SweepState.merge`: exact integer
+  addition of the sums (and min / max of the key ranges of a
+  :class:`RiskCoverageState`). So ``process_merge(state).compute()`` equals
+  one process's result on all the data *bit for bit*, however the data was
+  split. The states are exchanged with one all-reduce of the state's
+  :meth:`~SweepState.reduce` over one device per process (XLA's collectives:
+  NCCL / ICI on GPU / TPU hosts, gloo over TCP on CPU), so each process sends
+  and receives about twice the state's bytes, whatever ``n`` and ``P``.
+
+  Every process must call it (it is a collective), in the same order for
+  several states. Before exchanging anything it checks that every process is
+  alive and passed a state of the same type and configuration (thresholds,
+  correctness type, number of bins, mantissa bits, batch shape), and raises on
+  every process otherwise. With one process it returns ``state`` unchanged.
+
+  A process that died before the merge is named in a ``RuntimeError`` on the
+  others once JAX's coordination service sees it gone: at once for a clean
+  exit, after ``heartbeat_timeout_seconds`` (an argument of
+  :func:`jax.distributed.initialize`) for a crash. This needs
+  ``jax.config.update("jax_enable_recoverability", True)`` before
+  :func:`jax.distributed.initialize`; without it the coordination service
+  itself terminates every process when it notices the death (an abort whose
+  log names the task that stopped sending heartbeats). A process that dies
+  during the exchange makes the others raise ``RuntimeError`` (gloo: at once
+  once connected, else within its 30 s rendezvous timeout).
+
+  Args:
+    state: this process's :class:`SweepState`, :class:`CalibrationState` or
+      :class:`RiskCoverageState` (leading batch axes allowed), built on its
+      own devices.
+
+  Returns:
+    The merged state, of the same class and shapes, on this process's first
+    local device.
+
+  Raises:
+    TypeError: some process passed something that is not such a state.
+    ValueError: some process passed a state of another type or configuration,
+      or one that already spans several processes (merged already).
+    RuntimeError: some process died before or during the merge.
+
+  Examples:
+    >>> s = SweepState.from_batch(np.array([0.9, 0.6]), np.array([True, False]), [0.5, 0.7])
+    >>> process_merge(s) is s  # one process: nothing to merge
+    True
+  """
+  kind, digest, description = _merge_signature(state)
+  count = jax.process_count()
+  if count == 1:
+    if kind != _OK:
+      error = TypeError if kind == _NOT_A_STATE else ValueError
+      raise error("process_merge needs a SweepState, CalibrationState or RiskCoverageState; "
+                  f"got {description}")
+    return state
+  _check_processes_alive(count)
+  _check_same_signature(kind, digest, description, count)
+  return _all_reduce_over_processes(state, count)
+
+
+def _merge_signature(state: Any) -> tuple[int, bytes, str]:
+  """(kind, digest, description): processes may merge their states only if the digests are equal."""
+  name = type(state).__name__
+  if not isinstance(state, _MERGEABLE):
+    return _NOT_A_STATE, b"", f"a {name}, not a SweepState, CalibrationState or RiskCoverageState"
+  leaves = jax.tree_util.tree_leaves(state)
+  if not all(getattr(leaf, "is_fully_addressable", True) for leaf in leaves):
+    return _ALREADY_GLOBAL, b"", (f"a {name} whose arrays already span several processes "
+                                  "(a global array: the state is merged already)")
+  lead = state.invalid.shape
+  batch = f", batch shape {lead}" if lead else ""
+  if isinstance(state, SweepState):
+    t = np.asarray(state.thresholds, np.float32).reshape(-1, state.thresholds.shape[-1])[0]
+    t_hash = hashlib.sha256(t.tobytes()).hexdigest()[:8]
+    shown = (", ".join(f"{x:.6g}" for x in t) if len(t) <= 6
+             else f"{t[0]:.6g} ... {t[-1]:.6g}, sha256 {t_hash}")
+    kind_of = "graded" if state.graded else "boolean"
+    description = (f"SweepState({len(t)} thresholds [{shown}], {kind_of} correctness, "
+                   f"normalize={type(state)._normalize!r}{batch})")
+    extra = t.tobytes()
+  elif isinstance(state, CalibrationState):
+    description = f"CalibrationState(num_bins={state.num_bins}, norm={type(state)._norm!r}{batch})"
+    extra = b""
+  else:
+    description = f"RiskCoverageState(mantissa_bits={state.mantissa_bits}{batch})"
+    extra = b""
+  shapes = repr([(np.shape(leaf), str(getattr(leaf, "dtype", type(leaf).__name__)))
+                 for leaf in leaves])
+  digest = hashlib.sha256(description.encode() + shapes.encode() + extra).digest()
+  return _OK, digest, description
+
+
+def _distributed_client():
+  """The ``jax.distributed`` client of this process, or None (JAX keeps it private)."""
+  try:
+    from jax._src import distributed  # pylint: disable=g-import-not-at-top
+    return distributed.global_state.client
+  except (ImportError, AttributeError):
+    return None
+
+
+def _check_processes_alive(count: int) -> None:
+  """Waits for every live process to arrive here; raises naming the processes that are gone."""
+  client = _distributed_client()
+  if client is None or not hasattr(client, "get_live_nodes"):
+    return
+  try:
+    # A barrier over the live processes that returns the same live set to all of them.
+    live = client.get_live_nodes(list(range(count)))
+  except Exception as err:  # the coordination service (hosted by process 0) is gone
+    raise RuntimeError("process_merge: lost the jax.distributed coordinator (process 0); nothing "
+                       f"was merged ({err})") from err
+  dead = sorted(set(range(count)) - set(int(p) for p in live))
+  if dead:
+    names = ", ".join(str(p) for p in dead)
+    raise RuntimeError(
+        f"process_merge: process{'es' if len(dead) > 1 else ''} {names} of {count} died before the "
+        "merge (exited, crashed or stopped sending heartbeats); nothing was merged")
+
+
+def _check_same_signature(kind: int, digest: bytes, description: str, count: int) -> None:
+  """Exchanges the signatures of the states (a few hundred bytes per process) and compares them."""
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  text = description.encode()[:_DESCRIPTION_BYTES].ljust(_DESCRIPTION_BYTES, b"\0")
+  row = np.frombuffer(bytes([kind]) + digest.ljust(_DIGEST_BYTES, b"\0") + text, np.uint8)
+  try:
+    rows = np.asarray(multihost_utils.process_allgather(row))
+  except Exception as err:
+    raise _exchange_failed(err) from err
+  kinds = rows[:, 0]
+  digests = [r[1:1 + _DIGEST_BYTES].tobytes() for r in rows]
+  said = [r[1 + _DIGEST_BYTES:].tobytes().rstrip(b"\0").decode(errors="replace") for r in rows]
+  for bad_kind, error in ((_NOT_A_STATE, TypeError), (_ALREADY_GLOBAL, ValueError)):
+    bad = [p for p in range(count) if kinds[p] == bad_kind]
+    if bad:
+      raise error(f"process_merge: process {bad[0]} passed {said[bad[0]]}"
+                  + (f" (so did processes {bad[1:]})" if len(bad) > 1 else ""))
+  odd = [p for p in range(count) if digests[p] != digests[0]]
+  if odd:
+    raise ValueError(
+        f"process_merge: process {odd[0]} passed {said[odd[0]]} but process 0 passed {said[0]}"
+        + (f" (processes {odd} differ from process 0)" if len(odd) > 1 else "")
+        + "; every process must pass a state of the same type and configuration")
+
+
+def _exchange_failed(err: Exception) -> RuntimeError:
+  return RuntimeError(
+      "process_merge: exchanging the states between processes failed, most likely because a "
+      f"process died or lost its connection during the merge; nothing was merged ({err})")
+
+
+@functools.lru_cache(maxsize=None)
+def _process_reducer(devices: tuple) -> tuple[jax.sharding.Mesh, Callable]:
+  mesh = jax.sharding.Mesh(np.array(devices), (_PROCESS_AXIS,))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return mesh, jax.jit(lambda stacked: stacked.reduce(), out_shardings=replicated)
+
+
+def _all_reduce_over_processes(state: Any, count: int) -> Any:
+  """The state's ``reduce`` over a [P, ...] stack sharded one row per process (an all-reduce)."""
+  devices = tuple(jax.local_devices(process_index=p)[0] for p in range(count))
+  mesh, reduce = _process_reducer(devices)
+  local = devices[jax.process_index()]
+  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(_PROCESS_AXIS))
+
+  def stack(leaf):
+    row = jax.device_put(np.asarray(leaf)[None], local)
+    return jax.make_array_from_single_device_arrays((count,) + row.shape[1:], rows, [row])
+
+  stacked = jax.tree.map(stack, state)
+  try:
+    merged = jax.block_until_ready(reduce(stacked))
+  except Exception as err:
+    raise _exchange_failed(err) from err
+  return jax.tree.map(lambda x: x.addressable_data(0), merged)

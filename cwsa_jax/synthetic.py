@@ -14,7 +14,7 @@ whether the prediction is *actually* correct:
   \\end{cases}
 
 The presets are the paper's models (section "Synthetic Model Simulation" and
-the published code, ``n = 1000`` samples, 3 classes; see PAPER_NOTES):
+the published code, ``n = 1000`` samples, 3 classes):
 
 =============== ========= ============== ==============
 model           p_correct correct conf.  wrong conf.

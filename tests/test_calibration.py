@@ -266,3 +266,16 @@ def test_bad_input(fn):
 def test_bad_norm():
   with pytest.raises(ValueError, match="norm"):
     ece([0.5], [True], norm="l3")
+
+
+def test_float32_accuracy_at_ten_million_samples():
+  # The per-bin sums are exact integers and the gap is rounded once: within a
+  # few float32 ulp of float64 even where n_b - A_b and U_b nearly cancel.
+  rng = np.random.default_rng(12)
+  n = 10_000_000
+  conf = rng.uniform(0.3, 1.0, n).astype(np.float32)
+  ok = rng.uniform(size=n) < conf  # calibrated: tiny gaps, large sums
+  edges = np.arange(16, dtype=np.float32) / np.float32(15)
+  index = np.searchsorted(edges[1:-1], conf, side="right")
+  gap = np.bincount(index, weights=conf.astype(np.float64) - ok, minlength=15)
+  assert float(ece(conf, ok)) == pytest.approx(np.abs(gap).sum() / n, rel=1e-6)

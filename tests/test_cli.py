@@ -561,7 +561,7 @@ def test_threshold_marker_on_the_curves(model):
 
 
 def test_demo_states_the_selected_threshold(tmp_path, capsys):
-  from cwsa_jax._cmd_demo import build_cases
+  from cwsa_jax.cli._demo import build_cases
   from cwsa_jax._select import select_threshold
   out = tmp_path / "demo"
   run_ok(["demo", "--out", out, "--seeds", "3", "--n", "400", "--no-figures"], capsys)
@@ -572,9 +572,9 @@ def test_demo_states_the_selected_threshold(tmp_path, capsys):
   assert "## Deployment threshold" in report
   feasible = 0
   for i, case in enumerate(cases):
-    if case["group"] != "model":
+    if case.group != "model":
       continue
-    choice = m["models"][case["name"]]["threshold_choice"]
+    choice = m["models"][case.name]["threshold_choice"]
     pooled_c, pooled_ok = np.asarray(conf[i]).reshape(-1), np.asarray(ok[i]).reshape(-1)
     try:
       want = select_threshold(pooled_c, pooled_ok, metric="cwsa", min_coverage=0.8, thresholds=tau)

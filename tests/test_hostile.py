@@ -24,8 +24,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 import reference
-from cwsa_jax import _cmd_compare, _csv, _io, cli
-from cwsa_jax._cli_util import UserError
+from cwsa_jax import cli
+from cwsa_jax.cli import _csv, _intervals, _io
+from cwsa_jax.cli._util import UserError
 
 N = 9
 THRESHOLDS = np.array([0.5, 0.9], np.float32)
@@ -110,7 +111,7 @@ def check_metrics(out_dir: Path, confidences, correct):
 
 def check_bootstrap_skipped(err, m):
   """N is below the bootstrap minimum: evaluate warns and reports no intervals."""
-  assert N < _cmd_compare.MIN_BOOTSTRAP_SAMPLES
+  assert N < _intervals.MIN_BOOTSTRAP_SAMPLES
   assert f"n = {N} sample(s) is too few for bootstrap intervals" in err
   assert "intervals" not in m
 
@@ -797,7 +798,7 @@ def test_bootstrap_flags_refuse_too_few_resamples(tmp_path, capsys):
   code, _, err, before, after = run_cli(
       capsys, tmp_path, ["compare", path, path, "--bootstrap", "500", "--level", "0.99"])
   check_refused(code, err, before, after, "compare", "--bootstrap 500", ["at least 1000"])
-  assert _cmd_compare.min_resamples(0.95) == 200 and _cmd_compare.min_resamples(0.9) == 100
+  assert _intervals.min_resamples(0.95) == 200 and _intervals.min_resamples(0.9) == 100
 
 
 def test_compare_refuses_too_few_samples_and_different_class_names(tmp_path, capsys):
@@ -818,11 +819,11 @@ def test_compare_refuses_too_few_samples_and_different_class_names(tmp_path, cap
 
 def test_evaluate_skips_intervals_for_too_few_samples(capsys):
   args = argparse.Namespace(bootstrap=1000, command="evaluate")
-  assert _cmd_compare.bootstrap_resamples(args, 1, refuse=False) == 0
+  assert _intervals.bootstrap_resamples(args, 1, refuse=False) == 0
   err = capsys.readouterr().err
   assert err.splitlines() == ["cwsa-jax evaluate: warning: n = 1 sample(s) is too few for "
                               "bootstrap intervals (need at least 10); no intervals reported"]
-  assert _cmd_compare.bootstrap_resamples(args, 10, refuse=False) == 1000
+  assert _intervals.bootstrap_resamples(args, 10, refuse=False) == 1000
   with pytest.raises(UserError, match="n = 3"):
-    _cmd_compare.bootstrap_resamples(args, 3, refuse=True)
+    _intervals.bootstrap_resamples(args, 3, refuse=True)
   assert capsys.readouterr().err == ""

@@ -18,7 +18,8 @@ import sys
 import numpy as np
 import pytest
 
-from cwsa_jax import _output, cli
+from cwsa_jax import cli
+from cwsa_jax.cli import _output
 
 N = 300
 MANIFEST = ".cwsa-jax-output.json"

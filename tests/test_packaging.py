@@ -3,8 +3,8 @@
 The wheel is installed (``--no-deps``) into a fresh venv that sees only jax, numpy and their
 own requirements, linked from this environment (no download, no flax / optax /
 tensorflow-datasets / matplotlib / tqdm). In it: ``import cwsa_jax`` runs ``sweep``, ``ece``,
-``aurc`` and the streaming states, and a command that needs an extra names it in one line
-(exit 2). The build itself runs isolated, as pip does (it fetches setuptools from the index).
+``aurc`` and the streaming states, ``cwsa-jax compare`` and ``evaluate --no-figures`` run, and a
+command that needs an extra names it in one line (exit 2). The build itself runs isolated, as pip does (it fetches setuptools from the index).
 """
 
 import email.parser
@@ -65,7 +65,7 @@ def test_wheel_installs_cwsa_jax_only(dist):
 def test_sdist_holds_the_training_folder(dist):
   _, sdist = dist
   names = {n.split("/", 1)[-1] for n in tarfile.open(sdist).getnames()}
-  assert {"pyproject.toml", "README.md", "cwsa_jax/cli.py", "training/train.py"} <= names
+  assert {"pyproject.toml", "README.md", "cwsa_jax/cli/__init__.py", "training/train.py"} <= names
 
 
 def _metadata(wheel):
@@ -186,6 +186,22 @@ def test_core_install_runs_without_the_extras(dist, tmp_path):
     assert len(lines) == 1 and f"pip install 'cwsa-jax[{extra}]'" in lines[0], proc.stderr
     assert proc.stdout == ""
   assert not (tmp_path / "demo").exists() and not (tmp_path / "run").exists()
+  # The commands without figures need only the core install.
+  for name, shift in (("a", 0.0), ("b", 0.05)):
+    rows = [f"{min(1.0, x + shift)!r},{int(right)}" for x, right in zip(c[:60].tolist(), k[:60])]
+    (tmp_path / f"{name}.csv").write_text("confidence,correct\n" + "\n".join(rows) + "\n")
+  proc = run(cli, "evaluate", "a.csv", "--out", "eval", "--no-figures", "--bootstrap", "200")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  written = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+  assert written["n"] == 60 and "intervals" in written and (tmp_path / "eval" / "report.md").exists()
+  assert not list((tmp_path / "eval").glob("*.png"))
+  proc = run(cli, "compare", "a.csv", "b.csv", "--bootstrap", "200", "--out", "compare.json")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert json.loads((tmp_path / "compare.json").read_text())["n"] == 60
+  proc = run(cli, "evaluate", "a.csv", "--out", "figures")  # figures need the plots extra
+  assert proc.returncode == 2 and "pip install 'cwsa-jax[plots]'" in proc.stderr
+  assert not (tmp_path / "figures").exists()
+
   proc = run(str(python), "-c", "import cwsa_jax.nnx")
   assert proc.returncode == 1 and "cwsa_jax.nnx needs flax: pip install 'cwsa-jax[train]'" in proc.stderr
   proc = run(cli, "--help")

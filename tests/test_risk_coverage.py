@@ -489,3 +489,37 @@ def test_decimal_targets_hit_exact_fractions():
   one_error = np.arange(10) != 9
   assert float(coverage_at_risk(conf, one_error, 0.1)) == pytest.approx(1.0, abs=TOL)  # 1/10
   assert float(coverage_at_risk(conf, one_error, 0.09)) == pytest.approx(0.9, abs=TOL)
+
+
+# ---------------------------------------------------------------------------
+# Backends: the parallel scan (accelerators) equals the sequential one (CPU)
+# ---------------------------------------------------------------------------
+
+
+def _kernels(sequential):
+  from cwsa_jax import _risk_coverage as rc
+  summary = {conv: jax.jit(functools.partial(rc._summary_kernel, convention=conv, with_eaurc=True,
+                                             sequential=sequential)) for conv in CONVENTIONS}
+  return (summary, jax.jit(functools.partial(rc._curve_kernel, sequential=sequential)),
+          jax.jit(functools.partial(rc._risk_at_coverage_kernel, sequential=sequential)),
+          jax.jit(functools.partial(rc._coverage_at_risk_kernel, sequential=sequential)))
+
+
+@pytest.mark.parametrize("graded", [False, True])
+def test_parallel_scan_equals_sequential_scan_across_chunks(graded):
+  # 40,000 samples: three CPU chunks, with tie groups straddling their borders.
+  rng = np.random.default_rng(11)
+  conf, correct = random_case(rng, 40_000, decimals=3)
+  kappa = rng.random(40_000).astype(np.float32) if graded else correct
+  targets = jnp.array([0.05, 0.3, 0.5, 0.99, 1.0])
+  sequential, parallel = _kernels(True), _kernels(False)
+  for conv in CONVENTIONS:
+    a, b = sequential[0][conv](conf, kappa), parallel[0][conv](conf, kappa)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-9)
+    assert float(a.aurc) == pytest.approx(ref_aurc(conf, kappa, conv), rel=1e-6)
+  a, b = sequential[1](conf, kappa), parallel[1](conf, kappa)
+  assert int(a.num_points) == int(b.num_points) == len(np.unique(conf))
+  for x, y in zip(a, b):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6)
+  for s, p in zip(sequential[2:], parallel[2:]):
+    np.testing.assert_allclose(s(conf, kappa, targets), p(conf, kappa, targets), rtol=1e-6)

@@ -27,7 +27,8 @@ import weakref
 import numpy as np
 import pytest
 
-from cwsa_jax import _interrupt, cli
+from cwsa_jax import cli
+from cwsa_jax.cli import _interrupt
 
 ROOT = str(pathlib.Path(__file__).resolve().parents[1])
 MANIFEST = ".cwsa-jax-output.json"
@@ -250,16 +251,16 @@ def _drop_a_keyboard_interrupt():
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_dropped_keyboard_interrupt_still_aborts_the_run(tmp_path, capsys, monkeypatch, inputs):
-  from cwsa_jax import _cmd_evaluate
+  from cwsa_jax.cli import _evaluate
   monkeypatch.setattr(_interrupt, "GRACE_SECONDS", 600.0)  # the watchdog must not end pytest
-  real = _cmd_evaluate.write_json_atomic
+  real = _evaluate.write_json_atomic
   dropped = []
 
   def write_after_a_dropped_interrupt(path, payload):
     dropped.append(_drop_a_keyboard_interrupt())
     return real(path, payload)
 
-  monkeypatch.setattr(_cmd_evaluate, "write_json_atomic", write_after_a_dropped_interrupt)
+  monkeypatch.setattr(_evaluate, "write_json_atomic", write_after_a_dropped_interrupt)
   out = tmp_path / "res"
   code = cli.main(["evaluate", str(inputs / "preds.csv"), "--out", str(out), "--no-figures",
                    "--bootstrap", "0"])
@@ -273,7 +274,7 @@ def test_a_dropped_keyboard_interrupt_still_aborts_the_run(tmp_path, capsys, mon
 
 WATCHDOG_SCRIPT = """
 import os, pathlib, shutil, sys, time
-from cwsa_jax import _interrupt
+from cwsa_jax.cli import _interrupt
 tmp = pathlib.Path(sys.argv[1])
 with _interrupt.guard("cwsa-jax test", grace=0.5):
   tmp.mkdir()

@@ -259,3 +259,14 @@ def test_evaluate_batches_bad_input():
     evaluate_batches([(c, k), (c + 2, k)], THRESHOLDS, progress=False)
   with pytest.raises(ValueError, match="equal length"):
     evaluate_batches([(c, k[:5])], THRESHOLDS, progress=False)
+
+
+@pytest.mark.parametrize("graded", [False, True])
+def test_calibration_state_equals_ece_and_bins_bit_for_bit(graded):
+  # One binning pipeline (_calibration.bin_sums): any split gives the one-shot values exactly.
+  c, k = data(10, graded)
+  merged, _ = split_states(functools.partial(CalibrationState.from_batch, num_bins=10), c, k, 10)
+  for norm in ("l1", "l2", "max"):
+    assert float(merged.compute(norm=norm)) == float(ece(c, k, num_bins=10, norm=norm))
+  for got, want in zip(merged.bins(), calibration_bins(c, k, num_bins=10)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -37,10 +37,39 @@ def tiny_mnist(tmp_path_factory):
   return root
 
 
-def _train(args, env_extra=None, check=True):
+# `cwsa-jax train ARGS` that dies like a killed process (no cleanup) right after step KILL_AT.
+_KILLED_AT_STEP = r"""
+import os, sys
+import jax
+from cwsa_jax.cli import main
+from cwsa_jax.training import train
+
+kill_at, make_train_step = int(sys.argv[1]), train.make_train_step
+
+def make_killed_train_step(*args, **kwargs):
+  step, done = make_train_step(*args, **kwargs), []
+
+  def killed_step(*step_args):
+    loss = step(*step_args)
+    done.append(1)
+    if len(done) == kill_at:
+      jax.block_until_ready(loss)
+      os._exit(17)
+    return loss
+
+  return killed_step
+
+train.make_train_step = make_killed_train_step
+sys.exit(main(["train", *sys.argv[2:]]))
+"""
+
+
+def _train(args, env_extra=None, check=True, kill_at_step=None):
   env = {**os.environ, "CWSA_JAX_CACHE": str(env_extra or ""), "PYTHONHASHSEED": "0"}
-  return subprocess.run([sys.executable, "-m", "cwsa_jax.cli", "train", *args], capture_output=True,
-                        text=True, env=env, check=False)
+  command = [sys.executable, "-m", "cwsa_jax.cli", "train"]
+  if kill_at_step is not None:
+    command = [sys.executable, "-c", _KILLED_AT_STEP, str(kill_at_step)]
+  return subprocess.run(command + list(args), capture_output=True, text=True, env=env, check=False)
 
 
 def _common(data, out, cache):
@@ -53,7 +82,7 @@ def test_killed_run_resumes_to_identical_results(tiny_mnist, tmp_path):
   straight = _train(_common(tiny_mnist, tmp_path / "a", cache), cache)
   assert straight.returncode == 0, straight.stderr
   # 6 steps per epoch: die at step 9, after the epoch-1 checkpoint, mid epoch 2.
-  killed = _train(_common(tiny_mnist, tmp_path / "b", cache) + ["--crash-at-step", "9"], cache)
+  killed = _train(_common(tiny_mnist, tmp_path / "b", cache), cache, kill_at_step=9)
   assert killed.returncode == 17
   assert json.loads((tmp_path / "b" / "checkpoint.json").read_text())["step"] == 6
   assert not (tmp_path / "b" / "metrics.json").exists()

@@ -1,4 +1,5 @@
-"""``cwsa-jax train``: train an MNIST or CIFAR-10 CNN with cross-entropy or the CWSA-regularized loss."""
+"""``cwsa-jax train``: train an MNIST or CIFAR-10 CNN with one of the training losses, fit the
+temperature and choose the deployment threshold on a validation split, evaluate the test split."""
 
 from __future__ import annotations
 
@@ -10,15 +11,17 @@ import shutil
 import sys
 from pathlib import Path
 
-from cwsa_jax import _interrupt, _output
-from cwsa_jax._cli_util import UserError, add_progress_flag, progress_enabled
-from .configs import CONFIGS, LOSSES
+from cwsa_jax.cli import _interrupt, _output
+from cwsa_jax.cli._util import UserError, add_progress_flag, progress_enabled
+from .configs import CONFIGS, CORRECTNESS, LOSSES, THRESHOLD_METRICS
 
 
 def run(args: argparse.Namespace) -> int:
+  # Flax and optax (the [train] extra) load when a run starts: registering the command needs neither.
   from . import data as data_lib
   from .configs import get_config
-  from .train import CHECKPOINT_META, train_and_evaluate
+  from .train import CHECKPOINT_META, reuse_host_memory, train_and_evaluate, validation_split
+
 
   out = _output.check_folder_path(args.out)
   if out.exists() and any(out.iterdir()):
@@ -32,7 +35,13 @@ def run(args: argparse.Namespace) -> int:
   for flag, field in (("epochs", "epochs"), ("batch_size", "batch_size"), ("lr", "learning_rate"),
                       ("cwsa_weight", "cwsa_weight"), ("cwsa_tau", "cwsa_tau"),
                       ("cwsa_temperature", "cwsa_temperature"), ("cwsa_correctness", "cwsa_correctness"),
-                      ("cwsa_temperature_start", "cwsa_temperature_start")):
+                      ("cwsa_temperature_start", "cwsa_temperature_start"),
+                      ("label_smoothing", "label_smoothing"), ("focal_gamma", "focal_gamma"),
+                      ("soft_aurc_weight", "soft_aurc_weight"),
+                      ("soft_aurc_temperature", "soft_aurc_temperature"),
+                      ("val_fraction", "val_fraction"), ("threshold_metric", "threshold_metric"),
+                      ("threshold_min_coverage", "threshold_min_coverage"),
+                      ("threshold_max_risk", "threshold_max_risk")):
     if getattr(args, flag) is not None:
       overrides[field] = getattr(args, flag)
   if args.cwsa_band is not None:
@@ -44,16 +53,19 @@ def run(args: argparse.Namespace) -> int:
     raise UserError(str(e)) from None
   try:
     dataset = data_lib.load_dataset(args.dataset, data_dir=args.data_dir)
+    validation_split(dataset.train_labels, fraction=config.val_fraction, seed=config.seed,
+                     num_classes=dataset.num_classes)
   except (ValueError, OSError) as e:
     raise UserError(str(e)) from None
   print(f"data: {dataset.source} ({len(dataset.train_labels)} train, {len(dataset.test_labels)} test)")
+  # Before JAX creates its CPU client: XLA's per-step temporaries then reuse freed memory.
+  reuse_host_memory()
   before = set(os.listdir(out)) if out.is_dir() else None
   # After a Ctrl-C, by the main thread or by the watchdog if the loop does not stop by itself.
   token = _interrupt.register(lambda: _interrupted(out, before, CHECKPOINT_META))
   try:
     metrics = train_and_evaluate(config, out, dataset, max_steps=args.max_steps,
-                                 resume=args.resume, progress=progress_enabled(args),
-                                 _crash_at_step=args.crash_at_step)
+                                 resume=args.resume, progress=progress_enabled(args))
   except KeyboardInterrupt:
     _interrupted(out, before, CHECKPOINT_META)
     raise
@@ -62,6 +74,17 @@ def run(args: argparse.Namespace) -> int:
   print(f"test accuracy {metrics['test_accuracy']:.4f}  ECE {metrics['ece']:.4f}  "
         f"AURC {metrics['aurc']:.5f}  CWSA@0.5 {metrics['cwsa']['0.5']:.4f}  "
         f"CWSA@0.9 {metrics['cwsa']['0.9']:.4f}  ({metrics['wall_seconds']:.0f} s) -> {out}")
+  scaled, selected = metrics["temperature_scaled"], metrics["selected_threshold"]
+  line = (f"temperature {metrics['temperature']:.3f} (fitted on {metrics['split']['validation']} "
+          f"validation examples): ECE {scaled['ece']:.4f}  NLL {metrics['nll']:.4f} -> {scaled['nll']:.4f}")
+  if selected["threshold"] is None:
+    line += f"; no deployment threshold: {selected['reason']}"
+  else:
+    risk = selected["test"]["selective_risk"]
+    line += (f"; threshold {selected['threshold']:.2f} ({selected['metric']} on validation): test "
+             f"coverage {selected['test']['coverage']:.4f}, risk "
+             + ("n/a" if risk is None else f"{risk:.4f}"))
+  print(line)
   return 0
 
 
@@ -111,11 +134,14 @@ def _defaults(field: str) -> str:
 
 def add_parser(sub) -> None:
   p = sub.add_parser("train", help="train an MNIST / CIFAR-10 CNN and evaluate it",
-                     description="Train a Flax CNN with cross-entropy (ce) or the CWSA-regularized loss "
-                     "(cwsa), checkpoint every epoch, and evaluate the test split with the hard metrics.")
+                     description="Train a Flax CNN with one of the losses, checkpoint every epoch, hold "
+                     "out a validation split (stratified, seeded by --seed) on which the softmax "
+                     "temperature is fitted and the deployment threshold chosen, and evaluate the test "
+                     "split with the hard metrics before and after temperature scaling.")
   p.add_argument("--dataset", required=True, choices=sorted(CONFIGS))
   p.add_argument("--loss", default="ce", choices=LOSSES,
-                 help="ce = cross-entropy, cwsa = CE + weight (1 - soft CWSA) (default ce)")
+                 help="ce = cross-entropy, cwsa = CE + weight (1 - soft CWSA), focal / inverse_focal "
+                 "= CE weighted by (1 -/+ p_y)^gamma, soft_aurc = CE + weight soft AURC (default ce)")
   p.add_argument("--epochs", type=int, default=None,
                  help=f"epochs (default {_defaults('epochs')})")
   p.add_argument("--seed", type=int, default=0, help="seed of the model, data order and dropout "
@@ -143,9 +169,28 @@ def add_parser(sub) -> None:
   p.add_argument("--cwsa-band", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
                  help="target the soft CWSA averaged over thresholds in [LOW, HIGH] instead of one "
                  "tau (default: one tau)")
-  p.add_argument("--cwsa-correctness", choices=("probability", "hard"), default=None,
+  p.add_argument("--cwsa-correctness", choices=CORRECTNESS, default=None,
                  help="correctness in the soft CWSA: the true class's probability or 0/1 "
                  f"(default {_defaults('cwsa_correctness')})")
+  p.add_argument("--label-smoothing", type=float, default=None, metavar="ALPHA",
+                 help="smooth the targets of the cross-entropy term (ce, cwsa, soft_aurc) with "
+                 f"optax.smooth_labels, ALPHA in [0, 1) (default {_defaults('label_smoothing')})")
+  p.add_argument("--focal-gamma", type=float, default=None, metavar="GAMMA",
+                 help=f"gamma >= 0 of focal and inverse_focal (default {_defaults('focal_gamma')})")
+  p.add_argument("--soft-aurc-weight", type=float, default=None,
+                 help=f"weight of the soft AURC in soft_aurc (default {_defaults('soft_aurc_weight')})")
+  p.add_argument("--soft-aurc-temperature", type=float, default=None,
+                 help="temperature > 0 of the soft AURC's pairwise sigmoids "
+                 f"(default {_defaults('soft_aurc_temperature')})")
+  p.add_argument("--val-fraction", type=float, default=None, metavar="FRACTION",
+                 help="share of the training set held out, per class, for temperature scaling and "
+                 f"the threshold choice, in (0, 0.5] (default {_defaults('val_fraction')})")
+  p.add_argument("--threshold-metric", choices=THRESHOLD_METRICS, default=None,
+                 help="what the deployment threshold maximises on the temperature-scaled validation "
+                 f"confidences (default {_defaults('threshold_metric')})")
+  p.add_argument("--threshold-min-coverage", type=float, default=None, metavar="COVERAGE",
+                 help="only thresholds keeping at least this validation coverage (default: none)")
+  p.add_argument("--threshold-max-risk", type=float, default=None, metavar="RISK",
+                 help="only thresholds with at most this validation selective risk (default: none)")
   add_progress_flag(p)
-  p.add_argument("--crash-at-step", type=int, default=None, help=argparse.SUPPRESS)
   p.set_defaults(func=run)

@@ -478,7 +478,6 @@ def _decode_chunk(items: Sequence[tuple[str, str | None, bytes | None]],
 
 def _worker_main() -> None:
   """Entry point of a decoding subprocess: pickled job on stdin, pickled result on stdout."""
-  import sys  # pylint: disable=import-outside-toplevel
   items, shape = pickle.loads(sys.stdin.buffer.read())
   sys.stdout.buffer.write(pickle.dumps(_decode_chunk(items, shape), protocol=5))
   sys.stdout.buffer.flush()

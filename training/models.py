@@ -6,7 +6,7 @@ follow the module's mode: call ``model.train()`` before training steps and
 ``model.eval()`` before evaluation (running batch-norm statistics, no
 dropout). Models are built in training mode.
 
-Sizes (parameters; forward multiply-adds per image):
+Sizes at the defaults (parameters; forward multiply-adds per image):
 
 * :class:`MnistCNN`: a conv block of 32 channels and one of two 64-channel
   convs (3x3 conv + batch norm + ReLU, 2x2 max pooling), dense 128 + dropout;
@@ -16,24 +16,15 @@ Sizes (parameters; forward multiply-adds per image):
   others), max pooling, global average pooling, dense 128 + dropout;
   295,978 parameters, 29M multiply-adds.
 
-Measured on this project's 2-core CPU machine while other jobs shared it
-(load average 4-9, so these are upper bounds), batch 128, Adam:
-
-* MnistCNN, seed 0, Adam 2e-3 with cosine decay over 5 epochs, plain
-  cross-entropy: test accuracy 98.05 / 98.83 / 98.93 / 99.21 / 99.25 % after
-  epochs 1-5, AURC 0.00011; 157-177 s per epoch. With
-  ``convs_per_block=(1, 1)`` (4.3M multiply-adds, ~110 s per epoch) it
-  reached only 98.91 % after 3 epochs, (1, 2) 99.07 % after 3.
-* Cifar10CNN: 0.9 s per step at load 8 (1.5-1.7 s in an earlier, equivalent
-  plain-JAX timing), so 6-10 minutes per epoch of 391 steps
-  (``convs_per_block=(1, 1, 1)`` roughly halves that, (2, 2, 2) doubles it). Its
-  accuracy was not measured here (no time for CPU epochs of that length):
-  the >= 80 % target in 15-20 epochs with standard augmentation is an
-  expectation for this size, not a measurement.
+The step time grows with the multiply-adds, so ``convs_per_block`` and
+``widths`` trade accuracy for CPU time; the accuracy and time per epoch of
+the configurations in :mod:`cwsa_jax.training.configs` are recorded, with
+the commands that produced them, in the repository's
+``results/training/README.md``.
 
 XLA's CPU convolution *filter* gradients dominate the step time;
 ``nnx.max_pool`` is avoided because its gradient (``select_and_scatter_add``)
-was about 10x slower than the reshape-and-max used here.
+is much slower on CPU than the reshape-and-max used here.
 """
 
 from __future__ import annotations
@@ -67,8 +58,8 @@ def max_pool_2x2(x: jax.Array) -> jax.Array:
   """2x2 max pooling with stride 2 (odd trailing rows/columns are dropped).
 
   Written as a reshape and a ``max`` rather than ``nnx.max_pool``: on XLA's
-  CPU backend the latter's gradient (``select_and_scatter_add``) is about 10x
-  slower, which made it the most expensive op of the MNIST train step.
+  CPU backend the latter's gradient (``select_and_scatter_add``) is much
+  slower, enough to make it the most expensive op of the MNIST train step.
   """
   batch, height, width, channels = x.shape
   x = x[:, :height // 2 * 2, :width // 2 * 2]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cwsa_jax._cli_util import write_json_atomic
+from cwsa_jax.cli._util import write_json_atomic
 
 FIELDS = ("dataset", "loss", "seed", "epochs", "test_accuracy", "ece", "aurc", "eaurc", "augrc",
           "cwsa", "cwsa_plus", "wall_seconds", "data_source", "device")

@@ -1,26 +1,53 @@
 """Training and evaluation loop for the MNIST and CIFAR-10 CNNs (Flax NNX + optax).
 
-``train_and_evaluate(config, workdir, dataset)`` trains with plain
-cross-entropy or the CWSA-regularized loss, checkpoints atomically after every
-epoch, resumes from the last checkpoint, and finishes by evaluating the test
-split with the hard metrics (CWSA/CWSA+ sweep, ECE, AURC, E-AURC, AUGRC).
+``train_and_evaluate(config, workdir, dataset)`` holds a stratified, seeded
+validation split out of the training set (:func:`validation_split`), trains
+on the rest with one of the losses of
+:data:`~cwsa_jax.training.configs.LOSSES`, checkpoints atomically after
+every epoch, resumes from the last checkpoint, and finishes by
+
+1. evaluating the validation and test splits with the hard metrics
+   (CWSA/CWSA+ sweep, ECE, NLL, AURC, E-AURC, AUGRC);
+2. fitting the softmax temperature on the validation logits
+   (:func:`cwsa_jax.fit_temperature`) and evaluating the test split again
+   with the scaled logits;
+3. choosing the deployment threshold on the temperature-scaled validation
+   confidences (:func:`cwsa_jax.select_threshold`) and reporting its coverage
+   and selective risk on the validation and the test split;
+4. scoring the test predictions with each confidence score of
+   :data:`SCORES`, before and after scaling (:func:`score_metrics`).
 
 Metrics accumulate in ``nnx.MultiMetric`` objects updated inside the jitted
 steps, as in the flax MNIST example: the training loss and accuracy of each
-epoch (``nnx.metrics.Average``, ``Accuracy``), and on the test split
+epoch (``nnx.metrics.Average``, ``Accuracy``), and on the evaluated splits
 :class:`~cwsa_jax.nnx.SweepMetric` and :class:`~cwsa_jax.nnx.CalibrationMetric`,
 batch by batch, whose exact sums give the same sweep and ECE as one pass over
 all the predictions. AURC, E-AURC and AUGRC need every confidence in order and
 are computed once from the predictions.
 
-Determinism: the data order of epoch e is a permutation seeded by (seed, e),
-augmentation keys are ``fold_in(key(seed), step)`` and the dropout stream is
-part of the checkpointed model state, so a run killed and resumed from its
-last checkpoint follows exactly the same steps as an uninterrupted one.
+Input pipeline: the training split is copied to the device once; a step
+receives the index of its batch and gathers the batch inside the jitted step
+(:func:`~cwsa_jax.training.data.gather_batch`) from the epoch's permutation,
+copied once per epoch. The model, optimizer and metric state goes through
+the step functionally (``nnx.split`` / ``nnx.merge``) and is donated, so the
+step reuses its buffers. There are no host batch arrays and no per-step
+copies left to prefetch. The batches, augmentation keys and updates are those
+of a host-fed loop over :func:`~cwsa_jax.training.data.iterate_batches`.
+On a CPU, :func:`reuse_host_memory` (called by ``cwsa-jax train``) lets
+XLA reuse the memory of a step's temporaries instead of faulting it in again
+at every step.
+
+Determinism: the validation split is seeded by the run's seed, the data order
+of epoch e is a permutation seeded by (seed, e), augmentation keys are
+``fold_in(key(seed), step)`` and the dropout stream is part of the
+checkpointed model state, so a run killed and resumed from its last
+checkpoint follows exactly the same steps as an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import os
 import sys
@@ -38,6 +65,7 @@ from flax import serialization
 
 import cwsa_jax as cw
 from cwsa_jax import losses as cwsa_losses
+from cwsa_jax.cli._util import write_json_atomic
 from cwsa_jax.nnx import CalibrationMetric, SweepMetric
 from . import data as data_lib
 from . import models
@@ -45,8 +73,17 @@ from .configs import TrainConfig
 
 CHECKPOINT = "checkpoint.msgpack"
 CHECKPOINT_META = "checkpoint.json"
+PREDICTIONS = "predictions.npz"
 AT_THRESHOLDS = (0.5, 0.9)  # the thresholds metrics.json reports one by one
 ECE_BINS = 15
+# The confidence scores metrics.json reports rank metrics for (cwsa_jax.confidence_scores).
+SCORES = ("msp", "max_logit", "margin", "neg_entropy", "doctor")
+# Those of them that lie in [0, 1]: the others are mapped into [0, 1] by their ranks
+# (rank_to_unit_interval) for the rank metrics, and have no CWSA.
+UNIT_INTERVAL_SCORES = ("msp", "margin", "doctor")
+# The second word of the validation split's numpy seed [seed, VALIDATION_STREAM]: epoch
+# e's order uses [seed, e], and no run reaches 2**32 - 1 epochs.
+VALIDATION_STREAM = 2**32 - 1
 
 
 # --------------------------------------------------------------------------- model and optimizer
@@ -82,6 +119,97 @@ def create_optimizer(config: TrainConfig, model: nnx.Module, steps_per_epoch: in
   return nnx.Optimizer(model, tx, wrt=nnx.Param)
 
 
+# --------------------------------------------------------------------------- data
+
+
+def validation_split(labels: np.ndarray, *, fraction: float, seed: int,
+                     num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+  """Indices ``(train, validation)`` of a stratified, seeded hold-out, each sorted.
+
+  Class c, with n_c examples, gives ``floor(fraction * n_c + 1/2)`` of them to
+  the validation split, the first ones in a permutation seeded by
+  ``[seed, VALIDATION_STREAM]``, so the class proportions are kept and the
+  split depends only on ``(labels, fraction, seed)``.
+
+  Args:
+    labels: ``[N]`` integer labels of the training set, in ``[0, num_classes)``.
+    fraction: share held out, in ``(0, 0.5]``.
+    seed: seed (>= 0).
+    num_classes: number of classes.
+
+  Returns:
+    ``(train, validation)`` int64 index arrays partitioning ``range(N)``.
+
+  Raises:
+    ValueError: a fraction outside (0, 0.5], or a validation split with fewer
+      examples than classes.
+
+  Examples:
+    >>> import numpy as np
+    >>> labels = np.repeat(np.arange(3), 10)
+    >>> train, validation = validation_split(labels, fraction=0.2, seed=0, num_classes=3)
+    >>> len(train), np.bincount(labels[validation]).tolist()
+    (24, [2, 2, 2])
+  """
+  labels = np.asarray(labels)
+  if not 0 < fraction <= 0.5:  # also rejects NaN
+    raise ValueError(f"validation fraction must lie in (0, 0.5], got {fraction!r}")
+  order = np.random.default_rng([seed, VALIDATION_STREAM]).permutation(len(labels))
+  by_class = order[np.argsort(labels[order], kind="stable")]  # each class in seeded order
+  counts = np.bincount(labels, minlength=num_classes)
+  take = np.floor(fraction * counts + 0.5).astype(np.int64)
+  starts = np.cumsum(counts) - counts
+  validation = np.sort(np.concatenate([by_class[s:s + t] for s, t in zip(starts, take)]))
+  if len(validation) < num_classes:
+    raise ValueError(
+        f"the validation split has {len(validation)} examples ({fraction:g} of {len(labels)} "
+        f"training examples), fewer than the {num_classes} classes: raise the validation "
+        "fraction or use more training data")
+  train = np.setdiff1d(np.arange(len(labels)), validation)
+  return train, validation
+
+
+def reuse_host_memory() -> bool:
+  """Lets XLA:CPU reuse the host memory of each step's temporaries (glibc only).
+
+  XLA:CPU allocates a step's temporaries as one block from its worker threads.
+  glibc serves a block that large from a fresh ``mmap`` (a thread's arena
+  cannot hold it) and unmaps it when the step frees it, so every step faults
+  the same memory in again, page by page, in the kernel: the system time
+  and minor page faults of a CPU training run. With one malloc arena, no
+  ``mmap`` and no trimming (``mallopt``), the freed block stays in the heap
+  and the next step reuses it. The arithmetic is unchanged.
+
+  Call it before JAX creates its CPU client (the first array or
+  ``jax.devices()``): threads that have allocated already keep their own
+  arenas. Starting Python with ``MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0
+  MALLOC_TRIM_THRESHOLD_=2147483647`` does the same. Memory the process has
+  freed stays mapped until it exits.
+
+  Returns:
+    Whether the settings applied: False without glibc, and False (nothing
+    changed) once JAX has created its backends, when they would only keep the
+    main thread's freed memory mapped.
+  """
+  if sys.platform != "linux" or _backends_are_initialized():
+    return False
+  try:
+    mallopt = ctypes.CDLL(None).mallopt  # the C library the interpreter runs on
+  except (OSError, AttributeError):
+    return False
+  m_trim_threshold, m_mmap_max, m_arena_max = -1, -4, -8  # glibc's <malloc.h>
+  return all(mallopt(param, value) == 1 for param, value in
+             ((m_arena_max, 1), (m_mmap_max, 0), (m_trim_threshold, 2**31 - 1)))
+
+
+def _backends_are_initialized() -> bool:
+  try:
+    from jax._src import xla_bridge  # noqa: PLC0415 (private; absent: assume not yet)
+    return bool(xla_bridge.backends_are_initialized())
+  except (ImportError, AttributeError):
+    return False
+
+
 # --------------------------------------------------------------------------- steps
 
 
@@ -96,17 +224,53 @@ def cwsa_temperature(config: TrainConfig, step: jax.Array, total_steps: int) -> 
   return start * (end / start) ** frac
 
 
+def cross_entropy(logits: jax.Array, labels: jax.Array, *, label_smoothing: float = 0.0) -> jax.Array:
+  """Mean cross-entropy, against ``optax.smooth_labels`` targets when ``label_smoothing`` > 0."""
+  if label_smoothing == 0:
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+  targets = optax.smooth_labels(jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype),
+                                label_smoothing)
+  return optax.softmax_cross_entropy(logits, targets).mean()
+
+
 def loss_fn(model: nnx.Module, images: jax.Array, labels: jax.Array, config: TrainConfig,
             temperature: jax.Array | float | None = None):
-  """Returns (loss, logits): cross-entropy, or CE + w (1 - soft CWSA) for loss='cwsa'."""
+  """Returns (loss, logits) for ``config.loss``:
+
+  * ``ce``: cross-entropy;
+  * ``cwsa``: CE + w (1 - soft CWSA) (:func:`cwsa_jax.losses.cwsa_regularized_loss`);
+  * ``focal`` / ``inverse_focal``: :func:`cwsa_jax.losses.focal_loss` /
+    :func:`~cwsa_jax.losses.inverse_focal_loss` with ``focal_gamma``;
+  * ``soft_aurc``: CE + w soft AURC (:func:`cwsa_jax.losses.soft_aurc_regularized_loss`).
+
+  With ``label_smoothing`` > 0, the CE term of ``ce``, ``cwsa`` and
+  ``soft_aurc`` is taken against smoothed targets (:func:`cross_entropy`).
+  """
   logits = model(images)
+  smoothing = config.label_smoothing
   if config.loss == "cwsa":
-    loss = cwsa_losses.cwsa_regularized_loss(
-        logits, labels, weight=config.cwsa_weight, tau=config.cwsa_tau,
-        temperature=config.cwsa_temperature if temperature is None else temperature,
-        band=config.cwsa_band, correctness=config.cwsa_correctness)
+    options = dict(tau=config.cwsa_tau, band=config.cwsa_band, correctness=config.cwsa_correctness,
+                   temperature=config.cwsa_temperature if temperature is None else temperature)
+    if smoothing == 0:
+      loss = cwsa_losses.cwsa_regularized_loss(logits, labels, weight=config.cwsa_weight, **options)
+    else:
+      loss = (cross_entropy(logits, labels, label_smoothing=smoothing)
+              + config.cwsa_weight * cwsa_losses.cwsa_surrogate_loss(logits, labels, **options))
+  elif config.loss in ("focal", "inverse_focal"):
+    focal = cwsa_losses.focal_loss if config.loss == "focal" else cwsa_losses.inverse_focal_loss
+    loss = focal(logits, labels, gamma=config.focal_gamma)
+  elif config.loss == "soft_aurc":
+    if smoothing == 0:
+      loss = cwsa_losses.soft_aurc_regularized_loss(
+          logits, labels, weight=config.soft_aurc_weight, temperature=config.soft_aurc_temperature)
+    else:
+      loss = (cross_entropy(logits, labels, label_smoothing=smoothing)
+              + config.soft_aurc_weight * cwsa_losses.soft_aurc_loss(
+                  logits, labels, temperature=config.soft_aurc_temperature))
+  elif config.loss == "ce":
+    loss = cross_entropy(logits, labels, label_smoothing=smoothing)
   else:
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    raise ValueError(f"unknown loss {config.loss!r}")
   return loss, logits
 
 
@@ -121,31 +285,59 @@ def make_train_metrics() -> nnx.MultiMetric:
   return nnx.MultiMetric(loss=nnx.metrics.Average("loss"), accuracy=nnx.metrics.Accuracy())
 
 
-def make_train_step(config: TrainConfig, total_steps: int = 1) -> Callable:
-  """``train_step(model, optimizer, metrics, images, labels, key) -> loss``, updating all three in place."""
-  @nnx.jit
-  def train_step(model, optimizer, metrics, images, labels, key):
-    x = _preprocess(images, config, key)
-    temperature = cwsa_temperature(config, optimizer.step[...], total_steps)
+def make_train_step(config: TrainConfig, graphdef: Any, total_steps: int = 1) -> Callable:
+  """``train_step(state, images, labels, order, batch) -> (state, loss)``: one optimizer step.
+
+  ``graphdef, state = nnx.split((model, optimizer, metrics))``; the step
+  returns the new ``state`` (``nnx.update`` puts it back into the objects).
+  ``state`` is donated: the step reuses its buffers, and the arrays passed in
+  are deleted. ``images`` ``[N, H, W, C]`` and ``labels`` ``[N]`` are the
+  whole training split on the device, ``order`` ``[N]`` int32 the epoch's
+  permutation and ``batch`` the index of the batch in the epoch, gathered by
+  :func:`~cwsa_jax.training.data.gather_batch` inside the step. With ``s`` the
+  optimizer's step count, the augmentation key is ``fold_in(key(seed), s)``
+  and the CWSA temperature that of step ``s`` of ``total_steps``.
+  """
+  base_key = jax.random.key(config.seed)
+
+  @functools.partial(jax.jit, donate_argnums=0)
+  def train_step(state, images, labels, order, batch):
+    model, optimizer, metrics = nnx.merge(graphdef, state)
+    batch_images, batch_labels = data_lib.gather_batch(images, labels, order, batch,
+                                                       batch_size=config.batch_size)
+    step = optimizer.step[...]
+    x = _preprocess(batch_images, config, jax.random.fold_in(base_key, step))
+    temperature = cwsa_temperature(config, step, total_steps)
     grad_fn = nnx.value_and_grad(loss_fn, has_aux=True)
-    (loss, logits), grads = grad_fn(model, x, labels, config, temperature)
+    (loss, logits), grads = grad_fn(model, x, batch_labels, config, temperature)
     optimizer.update(model, grads)
-    metrics.update(loss=loss, logits=logits, labels=labels)
-    return loss
+    metrics.update(loss=loss, logits=logits, labels=batch_labels)
+    return nnx.state((model, optimizer, metrics)), loss
 
   return train_step
 
 
 def make_predict(config: TrainConfig) -> Callable:
+  """``predict(model, images) -> logits`` [B, K] float32 (call it in ``model.eval()`` mode)."""
   @nnx.jit
   def predict(model, images):
-    return jax.nn.softmax(model(_preprocess(images, config, None)).astype(jnp.float32), axis=-1)
+    return model(_preprocess(images, config, None)).astype(jnp.float32)
 
   return predict
 
 
+def predict_logits(model: nnx.Module, images: np.ndarray, config: TrainConfig) -> np.ndarray:
+  """Logits [N, K] (float32) in eval mode (batch-norm running stats, no dropout)."""
+  model.eval()
+  predict = make_predict(config)
+  out = [np.asarray(predict(model, jnp.asarray(images[i:i + config.eval_batch_size])))
+         for i in range(0, len(images), config.eval_batch_size)]
+  model.train()
+  return np.concatenate(out)
+
+
 def make_evaluation_metrics(thresholds) -> nnx.MultiMetric:
-  """The test-split metrics, updated batch by batch with ``confidences=`` and ``correct=``."""
+  """The evaluation metrics, updated batch by batch with ``confidences=`` and ``correct=``."""
   return nnx.MultiMetric(accuracy=nnx.metrics.Average("correct"), sweep=SweepMetric(thresholds),
                          at_threshold=SweepMetric(AT_THRESHOLDS),
                          calibration=CalibrationMetric(ECE_BINS))
@@ -155,26 +347,6 @@ def make_evaluation_metrics(thresholds) -> nnx.MultiMetric:
 def _update_evaluation(metrics: nnx.MultiMetric, probs: jax.Array, labels: jax.Array) -> None:
   confidences, correct = cw.confidences_from_probs(probs, labels)
   metrics.update(confidences=confidences, correct=correct)
-
-
-def predict_probs(model: nnx.Module, images: np.ndarray, config: TrainConfig, *,
-                  labels: np.ndarray | None = None,
-                  metrics: nnx.MultiMetric | None = None) -> np.ndarray:
-  """Class probabilities [N, K] in eval mode (batch-norm running stats, no dropout).
-
-  With ``labels`` and ``metrics`` (:func:`make_evaluation_metrics`), also adds
-  every batch's (max probability, argmax == label) to ``metrics``.
-  """
-  model.eval()
-  predict = make_predict(config)
-  out = []
-  for i in range(0, len(images), config.eval_batch_size):
-    probs = predict(model, jnp.asarray(images[i:i + config.eval_batch_size]))
-    if metrics is not None:
-      _update_evaluation(metrics, probs, jnp.asarray(labels[i:i + config.eval_batch_size]))
-    out.append(np.asarray(probs))
-  model.train()
-  return np.concatenate(out)
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -224,21 +396,16 @@ class Progress:
   """A one-line progress bar with loss, accuracy and ETA (tqdm, of the ``[train]`` extra; none without)."""
 
   def __init__(self, total: int, desc: str, enabled: bool = True):
-    self.enabled = enabled
     self.bar = None
     if enabled:
       try:
-        from tqdm.auto import tqdm
-        self.bar = tqdm(total=total, desc=desc, unit="step", file=sys.stderr, dynamic_ncols=True,
-                        mininterval=1.0)
+        from tqdm.auto import tqdm  # noqa: PLC0415
       except ImportError:  # tqdm is optional: no progress bar
-        self.bar = None
-    self.total, self.done, self.start, self.desc = total, 0, time.time(), desc
+        return
+      self.bar = tqdm(total=total, desc=desc, unit="step", file=sys.stderr, dynamic_ncols=True,
+                      mininterval=1.0)
 
   def update(self, n: int, **postfix) -> None:
-    self.done += n
-    if not self.enabled:
-      return
     if self.bar is not None:
       self.bar.set_postfix({k: f"{v:.4f}" for k, v in postfix.items()}, refresh=False)
       self.bar.update(n)
@@ -263,7 +430,6 @@ def evaluate_predictions(probs: np.ndarray, labels: np.ndarray,
   at = {str(tau): {field: float(getattr(at_r, field)[j])
                    for field in ("cwsa", "cwsa_plus", "coverage", "selective_accuracy")}
         for j, tau in enumerate(AT_THRESHOLDS)}
-  as_list = lambda x: [None if not np.isfinite(v) else float(v) for v in np.asarray(x)]
   return {
       "n": int(len(labels)),
       "test_accuracy": float(computed["accuracy"]),
@@ -274,41 +440,198 @@ def evaluate_predictions(probs: np.ndarray, labels: np.ndarray,
       "cwsa": {k: v["cwsa"] for k, v in at.items()},
       "cwsa_plus": {k: v["cwsa_plus"] for k, v in at.items()},
       "at_threshold": at,
-      "sweep": {"thresholds": as_list(r.thresholds), "coverage": as_list(r.coverage),
-                "selective_accuracy": as_list(r.selective_accuracy), "cwsa": as_list(r.cwsa),
-                "cwsa_plus": as_list(r.cwsa_plus)},
+      "sweep": {"thresholds": _as_list(r.thresholds), "coverage": _as_list(r.coverage),
+                "selective_accuracy": _as_list(r.selective_accuracy), "cwsa": _as_list(r.cwsa),
+                "cwsa_plus": _as_list(r.cwsa_plus)},
   }
+
+
+def _as_list(x) -> list[float | None]:
+  return [None if not np.isfinite(v) else float(v) for v in np.asarray(x)]
+
+
+@jax.jit
+def _softmax(logits: jax.Array) -> jax.Array:
+  return jax.nn.softmax(logits, axis=-1)
+
+
+def evaluate_logits(logits: np.ndarray, labels: np.ndarray,
+                    config: TrainConfig) -> tuple[dict[str, Any], np.ndarray]:
+  """(:func:`evaluate_predictions` summary plus ``nll``, probabilities) of logits [N, K]."""
+  probs = np.asarray(_softmax(jnp.asarray(logits)))
+  metrics = make_evaluation_metrics(config.thresholds)
+  for i in range(0, len(labels), config.eval_batch_size):
+    _update_evaluation(metrics, jnp.asarray(probs[i:i + config.eval_batch_size]),
+                       jnp.asarray(labels[i:i + config.eval_batch_size]))
+  summary = evaluate_predictions(probs, labels, metrics.compute())
+  summary["nll"] = float(cw.nll(logits, labels, from_logits=True))
+  return summary, probs
+
+
+def rank_to_unit_interval(scores: Any) -> np.ndarray:
+  """Real scores mapped into [0, 1] by their dense rank: order and ties kept exactly.
+
+  ``rank(s_i) / (m - 1)``, with ``rank`` the index of ``s_i`` among the ``m``
+  distinct values (compared in float64), as float32. Every rank metric (AURC,
+  E-AURC, AUGRC: functions of the order of the scores alone) is the same on
+  the result as on the scores, which the rank kernels, clipping to [0, 1],
+  could not take directly. Not a calibration: CWSA and ECE of the result
+  mean nothing.
+
+  Raises:
+    ValueError: more distinct values than float32 keeps apart in [0, 1].
+
+  Examples:
+    >>> rank_to_unit_interval([3.5, -1.0, 3.5, 10.0]).tolist()
+    [0.5, 0.0, 0.5, 1.0]
+  """
+  values = np.asarray(scores, np.float64)
+  distinct, rank = np.unique(values, return_inverse=True)
+  if len(distinct) < 2:
+    return np.ones(values.shape, np.float32)
+  mapped = (rank.reshape(values.shape) / (len(distinct) - 1)).astype(np.float32)
+  if len(np.unique(mapped)) != len(distinct):
+    raise ValueError(f"{len(distinct)} distinct scores do not stay distinct as float32 ranks")
+  return mapped
+
+
+def score_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, dict[str, Any]]:
+  """AURC, E-AURC, AUGRC (and CWSA, CWSA+ at 0.5 and 0.9) of each score of :data:`SCORES`.
+
+  Scores outside [0, 1] (``max_logit``, ``neg_entropy``) enter the rank
+  metrics through :func:`rank_to_unit_interval` (``"rank_mapped": true``) and
+  have no CWSA (``null``): CWSA depends on the scale of a confidence.
+  """
+  correct = np.argmax(logits, axis=-1) == labels
+  out = {}
+  for method in SCORES:
+    scores = np.asarray(cw.confidence_scores(logits, method=method))
+    in_unit = method in UNIT_INTERVAL_SCORES
+    conf = scores if in_unit else rank_to_unit_interval(scores)
+    entry = {"aurc": float(cw.aurc(conf, correct)), "eaurc": float(cw.eaurc(conf, correct)),
+             "augrc": float(cw.augrc(conf, correct)), "rank_mapped": not in_unit,
+             "cwsa": None, "cwsa_plus": None}
+    if in_unit:
+      r = cw.sweep(conf, correct, np.asarray(AT_THRESHOLDS, np.float32))
+      entry["cwsa"] = {str(t): float(r.cwsa[j]) for j, t in enumerate(AT_THRESHOLDS)}
+      entry["cwsa_plus"] = {str(t): float(r.cwsa_plus[j]) for j, t in enumerate(AT_THRESHOLDS)}
+    out[method] = entry
+  return out
+
+
+def select_deployment_threshold(validation_probs: np.ndarray, validation_labels: np.ndarray,
+                                test_probs: np.ndarray, test_labels: np.ndarray,
+                                config: TrainConfig) -> dict[str, Any]:
+  """The threshold chosen on validation confidences, with its operating point on both splits.
+
+  :func:`cwsa_jax.select_threshold` over ``config.thresholds`` maximises
+  ``config.threshold_metric`` under the optional coverage and risk
+  constraints; the chosen float32 grid value is then applied to the test
+  confidences. When no threshold meets the constraints, ``threshold`` is
+  ``null`` and ``reason`` says why (the run is not lost).
+  """
+  out = {"score": "msp", "metric": config.threshold_metric,
+         "min_coverage": config.threshold_min_coverage, "max_risk": config.threshold_max_risk}
+  val_conf, val_correct = cw.confidences_from_probs(validation_probs, validation_labels)
+  try:
+    choice = cw.select_threshold(val_conf, val_correct, metric=config.threshold_metric,
+                                 min_coverage=config.threshold_min_coverage,
+                                 max_risk=config.threshold_max_risk,
+                                 thresholds=np.asarray(config.thresholds, np.float32))
+  except ValueError as e:  # no threshold of the grid meets the constraints
+    return {**out, "threshold": None, "reason": str(e), "validation": None, "test": None}
+  test_conf, test_correct = cw.confidences_from_probs(test_probs, test_labels)
+  r = cw.sweep(test_conf, test_correct, np.asarray([choice.threshold], np.float32))
+  accuracy = float(r.selective_accuracy[0])
+  return {**out, "threshold": choice.threshold,
+          "validation": {"coverage": choice.coverage, "selective_risk": choice.selective_risk,
+                         config.threshold_metric: choice.value},
+          "test": {"coverage": float(r.coverage[0]),
+                   "selective_risk": None if not np.isfinite(accuracy) else 1.0 - accuracy,
+                   "cwsa": _finite_or_none(r.cwsa[0]), "cwsa_plus": _finite_or_none(r.cwsa_plus[0])}}
+
+
+def _finite_or_none(x) -> float | None:
+  x = float(x)
+  return x if np.isfinite(x) else None
+
+
+def evaluate_run(validation_logits: np.ndarray, validation_labels: np.ndarray,
+                 test_logits: np.ndarray, test_labels: np.ndarray,
+                 config: TrainConfig) -> tuple[dict[str, Any], np.ndarray, float]:
+  """(metrics.json evaluation fields, test probabilities, temperature) of a trained model.
+
+  The top-level fields are the test metrics of the raw logits;
+  ``temperature_scaled`` the same after dividing the logits by the temperature
+  fitted on the validation split; ``validation`` the validation metrics (and
+  its NLL, ECE, CWSA after scaling); ``selected_threshold`` the deployment
+  threshold (:func:`select_deployment_threshold`, on scaled confidences);
+  ``scores`` and ``scores_temperature_scaled`` the per-score metrics
+  (:func:`score_metrics`) of the test split.
+  """
+  temperature = float(cw.fit_temperature(validation_logits, validation_labels))
+  scale = lambda logits: (logits / np.float32(temperature)).astype(np.float32)
+  test, test_probs = evaluate_logits(test_logits, test_labels, config)
+  scaled, scaled_probs = evaluate_logits(scale(test_logits), test_labels, config)
+  validation, _ = evaluate_logits(validation_logits, validation_labels, config)
+  validation_scaled, validation_scaled_probs = evaluate_logits(scale(validation_logits),
+                                                               validation_labels, config)
+  validation["accuracy"] = validation.pop("test_accuracy")
+  validation["temperature_scaled"] = {k: validation_scaled[k]
+                                      for k in ("nll", "ece", "cwsa", "cwsa_plus")}
+  metrics = {
+      **test,
+      "temperature": temperature,
+      "temperature_scaled": scaled,
+      "validation": validation,
+      "selected_threshold": select_deployment_threshold(
+          validation_scaled_probs, validation_labels, scaled_probs, test_labels, config),
+      "scores": score_metrics(test_logits, test_labels),
+      "scores_temperature_scaled": score_metrics(scale(test_logits), test_labels),
+  }
+  return metrics, test_probs, temperature
 
 
 # --------------------------------------------------------------------------- the loop
 
 
 def train_and_evaluate(config: TrainConfig, workdir: str | os.PathLike, dataset: data_lib.Dataset, *,
-                       max_steps: int | None = None, resume: bool = False, progress: bool = True,
-                       _crash_at_step: int | None = None) -> dict[str, Any]:
-  """Trains, checkpoints every epoch, evaluates on the test split; returns metrics.
+                       max_steps: int | None = None, resume: bool = False,
+                       progress: bool = True) -> dict[str, Any]:
+  """Trains, checkpoints every epoch, evaluates the validation and test splits; returns metrics.
 
   Writes into ``workdir``: ``checkpoint.msgpack`` / ``checkpoint.json`` (after
-  every epoch), ``predictions.npz`` (``probs`` [N, K], ``labels`` [N]),
-  ``metrics.json`` and ``config.json``.
+  every epoch), ``predictions.npz`` (test ``probs`` [N, K], ``labels`` [N],
+  ``logits`` [N, K], the fitted ``temperature`` and the validation split's
+  ``validation_logits`` and ``validation_labels``), ``metrics.json`` (see
+  :func:`evaluate_run`) and ``config.json``.
 
   Args:
     config: the run's :class:`TrainConfig`.
     workdir: output folder (created).
-    dataset: a :class:`cwsa_jax.training.data.Dataset`.
+    dataset: a :class:`cwsa_jax.training.data.Dataset`; ``config.val_fraction``
+      of its training split is held out (:func:`validation_split`).
     max_steps: stop after this many optimizer steps in total (a short run).
     resume: continue from the checkpoint in ``workdir``.
     progress: show a progress bar.
+
+  Raises:
+    ValueError: an invalid ``config``, a validation split with fewer examples
+      than classes, or a training split smaller than one batch.
   """
   config.validate()
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   start_time = time.time()
-  steps_per_epoch = data_lib.num_batches(len(dataset.train_labels), batch_size=config.batch_size,
+  train_index, validation_index = validation_split(
+      dataset.train_labels, fraction=config.val_fraction, seed=config.seed,
+      num_classes=dataset.num_classes)
+  steps_per_epoch = data_lib.num_batches(len(train_index), batch_size=config.batch_size,
                                          drop_remainder=True)
   if steps_per_epoch < 1:
-    raise ValueError(f"the training split ({len(dataset.train_labels)} examples) is smaller than "
-                     f"one batch ({config.batch_size})")
+    raise ValueError(f"the training split ({len(train_index)} examples after holding out "
+                     f"{len(validation_index)} for validation) is smaller than one batch "
+                     f"({config.batch_size})")
   model = create_model(config, dataset.num_classes)
   optimizer = create_optimizer(config, model, steps_per_epoch)
   start_epoch, step, elapsed_before = 0, 0, 0.0
@@ -324,9 +647,13 @@ def train_and_evaluate(config: TrainConfig, workdir: str | os.PathLike, dataset:
     total_steps = min(total_steps, max_steps)
   (workdir / "config.json").write_text(json.dumps({**config.__dict__, "max_steps": max_steps}, indent=1))
 
-  train_step = make_train_step(config, config.epochs * steps_per_epoch)
   train_metrics = make_train_metrics()
-  base_key = jax.random.key(config.seed)
+  objects = (model, optimizer, train_metrics)
+  graphdef, state = nnx.split(objects)
+  train_step = make_train_step(config, graphdef, config.epochs * steps_per_epoch)
+  # The training split lives on the device; a step gets only the index of its batch.
+  images = jax.device_put(dataset.train_images[train_index])
+  labels = jax.device_put(dataset.train_labels[train_index])
   bar = Progress(total_steps, f"{config.dataset}/{config.loss} seed {config.seed}", progress)
   bar.update(step)
   shown = step
@@ -334,23 +661,19 @@ def train_and_evaluate(config: TrainConfig, workdir: str | os.PathLike, dataset:
   while epoch < config.epochs and step < total_steps:
     # The metrics stay on the device; reading them every step would stall dispatch.
     train_metrics.reset()
-    batches = data_lib.iterate_batches(dataset.train_images, dataset.train_labels,
-                                       batch_size=config.batch_size, seed=config.seed, epoch=epoch,
-                                       drop_remainder=True)
-    for images, labels in batches:
-      if step >= total_steps:
-        break
-      key = jax.random.fold_in(base_key, step)
-      loss = train_step(model, optimizer, train_metrics, jnp.asarray(images), jnp.asarray(labels), key)
+    state = nnx.state(objects)
+    order = jax.device_put(data_lib.epoch_permutation(len(train_index), seed=config.seed,
+                                                      epoch=epoch).astype(np.int32))
+    for batch in range(min(steps_per_epoch, total_steps - step)):
+      state, _ = train_step(state, images, labels, order, np.int32(batch))
       step += 1
-      if _crash_at_step is not None and step == _crash_at_step:
-        jax.block_until_ready(loss)
-        os._exit(17)  # tests: die like a killed process, without cleanup
       if step % 20 == 0 or step == total_steps:
+        nnx.update(objects, state)
         now = train_metrics.compute()
         bar.update(step - shown, loss=float(now["loss"]), acc=float(now["accuracy"]),
                    epoch=epoch + 1)
         shown = step
+    nnx.update(objects, state)  # the objects hold the arrays the last step returned
     if shown < step:
       bar.update(step - shown)
       shown = step
@@ -362,19 +685,25 @@ def train_and_evaluate(config: TrainConfig, workdir: str | os.PathLike, dataset:
         "epoch": epoch, "step": step, "wall_seconds": elapsed_before + time.time() - start_time,
         "history": history})
   bar.close()
+  del images, labels, state
 
-  labels = np.asarray(dataset.test_labels)
-  test_metrics = make_evaluation_metrics(config.thresholds)
-  probs = predict_probs(model, dataset.test_images, config, labels=labels, metrics=test_metrics)
-  tmp = workdir / ".predictions.tmp.npz"
-  np.savez_compressed(tmp, probs=probs.astype(np.float32), labels=labels)
-  os.replace(tmp, workdir / "predictions.npz")
-  metrics = evaluate_predictions(probs, labels, test_metrics.compute())
+  test_labels = np.asarray(dataset.test_labels)
+  validation_labels = np.asarray(dataset.train_labels[validation_index])
+  test_logits = predict_logits(model, dataset.test_images, config)
+  validation_logits = predict_logits(model, dataset.train_images[validation_index], config)
+  metrics, test_probs, temperature = evaluate_run(validation_logits, validation_labels,
+                                                  test_logits, test_labels, config)
+  tmp = workdir / f".{PREDICTIONS}.tmp.npz"
+  np.savez_compressed(tmp, probs=test_probs.astype(np.float32), labels=test_labels,
+                      logits=test_logits, temperature=np.float32(temperature),
+                      validation_logits=validation_logits, validation_labels=validation_labels)
+  os.replace(tmp, workdir / PREDICTIONS)
   metrics.update({
       "dataset": config.dataset, "loss": config.loss, "seed": config.seed, "epochs": epoch,
       "steps": step, "wall_seconds": elapsed_before + time.time() - start_time,
       "data_source": dataset.source, "device": str(jax.devices()[0].device_kind),
+      "split": {"train": int(len(train_index)), "validation": int(len(validation_index)),
+                "val_fraction": config.val_fraction, "stratified": True},
       "history": history})
-  from cwsa_jax._cli_util import write_json_atomic
   write_json_atomic(workdir / "metrics.json", metrics)
   return metrics

@@ -1,4 +1,4 @@
-"""The ``cwsa-jax`` command line.
+"""The ``cwsa-jax`` command line: commands, reports, file input and output.
 
 Each subcommand lives in its own module exposing ``add_parser(subparsers)``,
 which registers the parser and sets ``func`` (a callable taking the parsed
@@ -6,7 +6,22 @@ arguments and returning an exit code). Errors a user can fix (bad files,
 bad flags) are raised as :class:`UserError` and printed as one line on stderr
 with exit status 2; no traceback. So is any ``OSError`` (a full disk, a
 read-only folder). Ctrl-C ends every command with status 130 within seconds
-and leaves no partial output (:mod:`cwsa_jax._interrupt`).
+and leaves no partial output (:mod:`cwsa_jax.cli._interrupt`).
+
+The modules, from the entry point down:
+
+- commands: ``_demo``, ``_evaluate``, ``_compare``, ``_reproduce`` (and
+  ``cwsa_jax.training._cmd_train``); ``_synthetic`` holds what the two
+  commands on the paper's synthetic models share;
+- reports: ``_metrics`` computes them as typed results, ``_json`` writes
+  metrics.json, ``_markdown`` report.md (numbers and tables from ``_format``),
+  ``_figures`` the PNGs; ``_settings`` holds the conventions, ``_intervals``
+  the bootstrap;
+- files: ``_io`` and ``_csv`` read predictions, ``_output`` writes output
+  folders safely, ``_interrupt`` handles Ctrl-C, ``_util`` the shared flags.
+
+They use the library through its public names (``import cwsa_jax as cw``), and
+the bootstrap's progress hook for the progress bars (in ``_intervals``).
 """
 
 from __future__ import annotations
@@ -16,17 +31,18 @@ import importlib
 import importlib.util
 import sys
 
-from cwsa_jax import _interrupt
-from cwsa_jax._cli_util import UserError
+import cwsa_jax
+from cwsa_jax.cli import _interrupt
+from cwsa_jax.cli._util import UserError
 
 # Subcommands in the order `--help` lists them: (name, module, the optional
 # modules a run with these arguments needs, checked before it starts).
 _COMMANDS = (
-    ("demo", "cwsa_jax._cmd_demo", lambda args: ("matplotlib",)),
-    ("evaluate", "cwsa_jax._cmd_evaluate",
+    ("demo", "cwsa_jax.cli._demo", lambda args: ("matplotlib",)),
+    ("evaluate", "cwsa_jax.cli._evaluate",
      lambda args: () if getattr(args, "no_figures", False) else ("matplotlib",)),
-    ("compare", "cwsa_jax._cmd_compare", lambda args: ()),
-    ("reproduce-paper", "cwsa_jax._cmd_reproduce", lambda args: ("matplotlib",)),
+    ("compare", "cwsa_jax.cli._compare", lambda args: ()),
+    ("reproduce-paper", "cwsa_jax.cli._reproduce", lambda args: ("matplotlib",)),
     ("train", "cwsa_jax.training._cmd_train", lambda args: ("flax", "optax")),
 )
 
@@ -69,12 +85,13 @@ def _missing_module(args: argparse.Namespace) -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-  from cwsa_jax import __version__
+  """The ``cwsa-jax`` parser with every subcommand (a stub naming the extra for those whose
+  optional dependencies are missing)."""
   parser = argparse.ArgumentParser(
       prog="cwsa-jax",
       description="Confidence-weighted selective accuracy (CWSA, CWSA+) and selective-prediction "
       "metrics in JAX: evaluate predictions, sweep thresholds, train with a CWSA-regularized loss.")
-  parser.add_argument("--version", action="version", version=f"cwsa-jax {__version__}")
+  parser.add_argument("--version", action="version", version=f"cwsa-jax {cwsa_jax.__version__}")
   sub = parser.add_subparsers(dest="command", metavar="COMMAND")
   for command, name, _ in _COMMANDS:
     try:
@@ -93,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+  """Runs ``cwsa-jax`` with ``argv`` (default: the process's arguments); returns the exit status."""
   parser = build_parser()
   args, unknown = parser.parse_known_args(argv)
   missing = _missing_module(args) if getattr(args, "command", None) else None
@@ -121,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
       if not _interrupt.interrupted():
         print(f"{label}: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except Exception:
+      # A Ctrl-C that lands inside a C extension can surface as another error (matplotlib's
+      # renderer: "Invalid bounding box"); after a Ctrl-C it is part of the interruption.
+      if not _interrupt.interrupted():
+        raise
   print(f"{label}: interrupted", file=sys.stderr)
   if argv is None:  # the program itself, not a caller: end without interpreter teardown
     _interrupt.exit_now()
@@ -134,6 +157,3 @@ def _one_line(error: Exception) -> str:
     text = f"{error.filename}: {error.strerror}" if error.filename is not None else error.strerror
   return " ".join(text.split())
 
-
-if __name__ == "__main__":
-  sys.exit(main())

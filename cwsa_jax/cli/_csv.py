@@ -10,7 +10,7 @@ parsed by one of two paths that accept exactly the same files:
   out-of-range value, a blank-looking row, a field-count mismatch;
 * the careful path parses the block with :mod:`csv` row by row. It is the
   reference: it either returns the same arrays or raises a
-  :class:`~cwsa_jax._cli_util.UserError` naming the file, the line and the cell.
+  :class:`~cwsa_jax.cli._util.UserError` naming the file, the line and the cell.
 
 Bytes are decoded as Latin-1 (every byte is valid), so a byte that is not UTF-8
 in a column the kit does not read never rejects the file; only text that is
@@ -30,7 +30,7 @@ from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
-from cwsa_jax._cli_util import UserError
+from cwsa_jax.cli._util import UserError
 
 DEFAULT_CHUNK_ROWS = 1 << 16
 DELIMITERS = (",", ";", "\t", "|")

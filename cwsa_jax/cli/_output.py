@@ -43,8 +43,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from cwsa_jax import _interrupt
-from cwsa_jax._cli_util import UserError, temp_name, write_json_atomic
+import cwsa_jax
+from cwsa_jax.cli import _interrupt
+from cwsa_jax.cli._util import UserError, temp_name, write_json_atomic
 
 MANIFEST = ".cwsa-jax-output.json"
 TOOL = "cwsa-jax"
@@ -132,6 +133,23 @@ def _refuse_foreign(path: Path, raw: str, force: bool, hint: str) -> None:
               else "cwsa-jax did not write it")
     raise UserError(f"--force would delete {os.path.join(raw, foreign)} ({reason}); "
                     "move it away or choose another --out")
+
+
+def fresh_output_dir(base: str) -> Path:
+  """``base`` if it does not exist, else ``base-2``, ``base-3``, ... (the default output folders).
+
+  Stale temporaries of earlier runs in the folder are removed first, and an
+  earlier result a killed run had moved aside is put back (:func:`clean_stale`).
+  """
+  path = Path(base)
+  clean_stale(path.parent)
+  if not os.path.lexists(path):
+    return path
+  for i in range(2, 10_000):
+    candidate = path.with_name(f"{path.name}-{i}")
+    if not os.path.lexists(candidate):
+      return candidate
+  raise UserError(f"too many earlier outputs named {base}-N; pass --out DIR")
 
 
 def check_output_dir(out: str | os.PathLike, *, force: bool, inputs: Iterable[Any] = (),
@@ -326,10 +344,9 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def _write_manifest(tmp: Path, command: str | None) -> None:
-  from cwsa_jax import __version__  # noqa: PLC0415
   files = sorted(p.name for p in tmp.iterdir() if p.name != MANIFEST)
-  write_json_atomic(tmp / MANIFEST, {"tool": TOOL, "version": __version__, "command": command,
-                                     "files": files})
+  write_json_atomic(tmp / MANIFEST, {"tool": TOOL, "version": cwsa_jax.__version__,
+                                     "command": command, "files": files})
 
 
 def _replace(tmp: Path, out: Path) -> None:

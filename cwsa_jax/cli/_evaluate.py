@@ -8,12 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
-from cwsa_jax import _io
-from cwsa_jax import _output
-from cwsa_jax import _report
-from cwsa_jax._cli_util import (UserError, add_output_flags, add_progress_flag, progress_bar,
+import cwsa_jax as cw
+from cwsa_jax.cli import _figures, _intervals, _io, _json, _markdown, _metrics, _output
+from cwsa_jax.cli._format import selected_rows, text_table
+from cwsa_jax.cli._settings import (Settings, add_min_coverage_flag, check_min_coverage,
+                                    parse_thresholds)
+from cwsa_jax.cli._util import (UserError, add_output_flags, add_progress_flag, progress_bar,
                                 progress_enabled, stage, write_json_atomic)
-from cwsa_jax._cmd_compare import add_bootstrap_flags, bootstrap_resamples, check_bootstrap_flags
 
 DEFAULT_OUT = "cwsa-evaluate"
 _NORMS = ("l1", "l2", "max")
@@ -26,15 +27,15 @@ _PUBLISHED = dict(thresholds="linspace:0.5:0.99:20", bins=10, aurc="published_co
 _DEFAULTS = dict(thresholds="0.5:0.99:0.01", bins=15, aurc="step", normalize="retained")
 
 
-def settings_from_args(args: argparse.Namespace) -> _report.Settings:
+def settings_from_args(args: argparse.Namespace) -> Settings:
   base = _PUBLISHED if args.published_code else _DEFAULTS
   pick = lambda name: getattr(args, name) if getattr(args, name) is not None else base[name]  # noqa: E731
   bins = pick("bins")
   if bins < 1:
     raise UserError(f"--bins must be >= 1, got {bins}")
-  thresholds = _report.parse_thresholds(pick("thresholds"))
-  min_coverage = _report.check_min_coverage(args.min_coverage)
-  return _report.Settings(
+  thresholds = parse_thresholds(pick("thresholds"))
+  min_coverage = check_min_coverage(args.min_coverage)
+  return Settings(
       thresholds=tuple(float(t) for t in thresholds),
       num_bins=bins,
       binning=args.binning,
@@ -46,116 +47,102 @@ def settings_from_args(args: argparse.Namespace) -> _report.Settings:
   )
 
 
-def _scoring_rules(loaded: _io.LoadedPredictions) -> dict:
+def _scoring_rules(loaded: _io.LoadedPredictions) -> _metrics.ScoringRules | None:
   """Brier score and NLL when the file holds full probability vectors or logits."""
   if loaded.scores is None:
-    return {}
-  from cwsa_jax._scoring import brier_score, nll  # noqa: PLC0415
+    return None
   scores = loaded.scores
   if not loaded.from_logits:
     scores = scores / scores.sum(axis=1, keepdims=True)  # rows are within 1e-3 of 1: renormalise
-  return {"brier": np.asarray(brier_score(scores, loaded.labels, from_logits=loaded.from_logits)),
-          "nll": np.asarray(nll(scores, loaded.labels, from_logits=loaded.from_logits))}
+  return _metrics.ScoringRules(
+      brier=np.asarray(cw.brier_score(scores, loaded.labels, from_logits=loaded.from_logits)),
+      nll=np.asarray(cw.nll(scores, loaded.labels, from_logits=loaded.from_logits)))
+
+
+def model_report(loaded: _io.LoadedPredictions, settings: Settings,
+                 args: argparse.Namespace) -> _metrics.ModelReport:
+  """The metrics, deployment threshold, per-class and --group-by breakdowns, --worst samples."""
+  c, ok = loaded.confidences, loaded.correct
+  classes = groups = worst = None
+  if loaded.labels is not None:
+    classes = _metrics.group_metrics(c, ok, *_io.class_groups(loaded), settings)
+  if loaded.groups is not None:
+    groups = _metrics.group_metrics(c, ok, loaded.groups, loaded.group_names, settings,
+                                    column=args.group_by)
+  if args.worst is not None:
+    worst = _metrics.worst_samples(c, ok, args.worst, min(settings.thresholds))
+  return _metrics.ModelReport(
+      metrics=_metrics.compute_metrics(c, ok, settings),
+      threshold_choice=_metrics.choose_threshold(c, ok, settings),
+      scoring=_scoring_rules(loaded), classes=classes, groups=groups, worst=worst)
 
 
 def run(args: argparse.Namespace) -> int:
   settings = settings_from_args(args)
-  check_bootstrap_flags(args, allow_zero=True)
+  _intervals.check_bootstrap_flags(args, allow_zero=True)
   if args.worst is not None and args.worst < 1:
     raise UserError(f"--worst must be >= 1, got {args.worst}")
   # Check the output folder and read the input before any long step.
   inputs = (args.file, args.labels)
   out = _output.check_output_dir(
-      args.out if args.out is not None else _report.fresh_output_dir(DEFAULT_OUT),
+      args.out if args.out is not None else _output.fresh_output_dir(DEFAULT_OUT),
       force=args.force, inputs=inputs)
   show = progress_enabled(args)
   with stage(f"loading {Path(args.file).name}", enabled=show):
     loaded = _io.load_predictions(args.file, labels_path=args.labels, scores=args.scores,
                                   group_by=args.group_by)
   with stage("metrics", enabled=show):
-    metrics = _report.compute_metrics(loaded.confidences, loaded.correct, settings)
-    metrics.update(_scoring_rules(loaded))
-    metrics.update(_breakdowns(loaded, settings, args))
-  args.bootstrap = bootstrap_resamples(args, len(loaded.confidences), refuse=False)
+    report = model_report(loaded, settings, args)
+  args.bootstrap = _intervals.bootstrap_resamples(args, len(loaded.confidences), refuse=False)
   intervals = None
   if args.bootstrap:
-    from cwsa_jax import _bootstrap, _intervals  # noqa: PLC0415
-    with progress_bar(args.bootstrap, "bootstrap", enabled=show, unit="resample") as bar, \
-        _bootstrap.reporting(bar.update):
+    with progress_bar(args.bootstrap, "bootstrap", enabled=show, unit="resample") as bar:
       intervals = _intervals.evaluation_intervals(
           loaded.confidences, loaded.correct, settings, num_resamples=args.bootstrap,
-          level=args.level, seed=args.seed)
+          level=args.level, seed=args.seed, progress=bar.update)
   name = Path(args.file).name
   with _output.atomic_output_dir(out, force=args.force, inputs=inputs, command="evaluate") as tmp:
     with stage("figures", enabled=show and not args.no_figures):
-      figures = [] if args.no_figures else _report.write_model_figures(
-          tmp, loaded.confidences, loaded.correct, metrics, settings, name=name,
-          choice=metrics["threshold_choice"])
+      figures = [] if args.no_figures else _figures.model_figures(
+          tmp, loaded.confidences, loaded.correct, report.metrics, settings, name=name,
+          deployment=report.threshold_choice)
     payload = {"command": "evaluate", "file": str(args.file), "source": loaded.source,
-               "settings": settings.to_json(), **_report.to_json(metrics)}
+               "settings": _json.settings_json(settings), **_json.report_json(report)}
     if intervals is not None:
-      payload["intervals"] = intervals
+      payload["intervals"] = _json.intervals_json(intervals)
     write_json_atomic(tmp / "metrics.json", payload)
-    text = _report.evaluation_report(title=f"Evaluation of {name}", source=loaded.source,
-                                     metrics=metrics, settings=settings, figures=figures,
-                                     command="cwsa-jax evaluate")
-    if intervals is not None:
-      text += _intervals_markdown(metrics, intervals, settings)
+    text = _markdown.evaluation_report(title=f"Evaluation of {name}", source=loaded.source,
+                                       report=report, settings=settings, figures=figures,
+                                       command="cwsa-jax evaluate", intervals=intervals)
     (tmp / "report.md").write_text(text, encoding="utf-8")
-  _print_summary(loaded, metrics, settings)
+  _print_summary(loaded.source, report, settings)
   if intervals is not None:
-    from cwsa_jax import _intervals  # noqa: PLC0415
-    print(f"\n{intervals['level']:.0%} percentile-bootstrap intervals "
-          f"({intervals['num_resamples']} resamples, seed {intervals['seed']}):")
-    print(_report.text_table(("metric", "value", "low", "high"),
-                             _intervals.interval_rows(metrics, intervals, settings)))
+    print(f"\n{intervals.level:.0%} percentile-bootstrap intervals "
+          f"({intervals.num_resamples} resamples, seed {intervals.seed}):")
+    print(text_table(("metric", "value", "low", "high"),
+                     _intervals.interval_rows(report.metrics, intervals, settings)))
   print(f"\nWrote {out}/report.md, {out}/metrics.json"
         + ("" if args.no_figures else f" and {len(figures)} figures"))
   return 0
 
 
-def _intervals_markdown(metrics, intervals, settings) -> str:
-  from cwsa_jax import _intervals  # noqa: PLC0415
-  rows = _intervals.interval_rows(metrics, intervals, settings)
-  lines = ["", f"## {intervals['level']:.0%} bootstrap intervals", "",
-           f"Percentile bootstrap over {intervals['num_resamples']} resamples of the test set "
-           f"(seed {intervals['seed']}); every threshold's interval is in metrics.json "
-           "(`intervals`).", "", "| metric | value | low | high |", "|---|---:|---:|---:|"]
-  lines += [f"| {' | '.join(r)} |" for r in rows]
-  return "\n".join(lines) + "\n"
-
-
-def _breakdowns(loaded: _io.LoadedPredictions, settings: _report.Settings,
-                args: argparse.Namespace) -> dict:
-  """Deployment threshold, per-class and --group-by breakdowns, --worst samples."""
-  c, ok = loaded.confidences, loaded.correct
-  out = {"threshold_choice": _report.choose_threshold(c, ok, settings)}
-  if loaded.labels is not None:
-    ids, names = _io.class_groups(loaded)
-    out["classes"] = _report.group_metrics(c, ok, ids, names, settings)
-  if loaded.groups is not None:
-    out["groups"] = {"column": args.group_by,
-                     **_report.group_metrics(c, ok, loaded.groups, loaded.group_names, settings)}
-  if args.worst is not None:
-    out["worst"] = _report.worst_samples(c, ok, args.worst, min(settings.thresholds))
-  return out
-
-
-def _print_summary(loaded, metrics, settings) -> None:
-  print(f"{loaded.source}: n = {metrics['n']}")
-  print(_report.text_table(("metric", "value"), _report.scalar_rows(metrics)[1:]))
-  print(textwrap.fill(_report.aumcc_note(metrics, settings), width=100))
+def _print_summary(source: str, report: _metrics.ModelReport, settings: Settings) -> None:
+  metrics = report.metrics
+  print(f"{source}: n = {metrics.n}")
+  print(text_table(("metric", "value"), _markdown.scalar_rows(metrics, report.scoring)[1:]))
+  print(textwrap.fill(_markdown.aumcc_note(metrics, settings), width=100))
   print()
-  indices = _report.selected_rows(metrics["sweep"]["thresholds"])
-  print(_report.text_table(_report.SWEEP_HEADERS, _report.sweep_rows(metrics["sweep"], indices)))
+  indices = selected_rows(metrics.sweep.thresholds)
+  print(text_table(_markdown.SWEEP_HEADERS, _markdown.sweep_rows(metrics.sweep, indices)))
   if settings.normalize == "all":
     print("(CWSA divided by n: the published code's variant)")
-  choice = metrics["threshold_choice"]
-  if choice["feasible"]:
-    print(f"\nselected threshold (best CWSA with coverage >= {choice['min_coverage']:g}, "
-          f"--min-coverage): {choice['threshold']:.4g} (coverage {choice['coverage']:.4f})")
+  deployment = report.threshold_choice
+  if deployment.choice is not None:
+    print(f"\nselected threshold (best CWSA with coverage >= {deployment.min_coverage:g}, "
+          f"--min-coverage): {deployment.choice.threshold:.4g} "
+          f"(coverage {deployment.choice.coverage:.4f})")
   else:
-    print(f"\nno threshold reaches coverage >= {choice['min_coverage']:g} (--min-coverage) on "
+    print(f"\nno threshold reaches coverage >= {deployment.min_coverage:g} (--min-coverage) on "
           "this grid")
 
 
@@ -200,7 +187,7 @@ per group with --group-by COLUMN (CSV), and lists the most confident mistakes wi
                  "all = n (the paper's published code)")
   p.add_argument("--aumcc-axis", choices=("coverage", "threshold"), default="coverage",
                  help="x axis of the AUMCC area (default coverage)")
-  _report.add_min_coverage_flag(p)
+  add_min_coverage_flag(p)
   p.add_argument("--published-code", action="store_true",
                  help="the paper's published-code conventions (see below)")
   p.add_argument("--group-by", metavar="COLUMN",
@@ -210,6 +197,6 @@ per group with --group-by COLUMN (CSV), and lists the most confident mistakes wi
                  help="list the K most damaging samples (confident and wrong) at the lowest "
                  "threshold of the grid")
   p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
-  add_bootstrap_flags(p, default_resamples=1000)
+  _intervals.add_bootstrap_flags(p, default_resamples=1000)
   add_progress_flag(p)
   p.set_defaults(func=run)

@@ -1,6 +1,6 @@
-"""Small helpers shared by the command-line subcommands: errors, flags, atomic JSON files.
+"""Small helpers shared by the commands: errors, flags, progress bars, atomic JSON files.
 
-The output folders and their safety rules live in :mod:`cwsa_jax._output`.
+The output folders and their safety rules live in :mod:`cwsa_jax.cli._output`.
 """
 
 from __future__ import annotations
@@ -12,16 +12,6 @@ import secrets
 import sys
 from pathlib import Path
 from typing import Any, Iterator
-
-
-def add_synthetic_run_flags(p, *, default_out: str, seeds: int, num_samples: int) -> None:
-  """--out, --force, --seeds, --n, --seed, --no-progress: the flags of the synthetic-model commands."""
-  add_output_flags(p, default_out=default_out)
-  p.add_argument("--seeds", type=int, default=seeds, help=f"seeds per model (default {seeds})")
-  p.add_argument("--n", type=int, default=num_samples,
-                 help=f"samples per model and seed (default {num_samples}, as in the paper)")
-  p.add_argument("--seed", type=int, default=0, help="base random seed (default 0)")
-  add_progress_flag(p)
 
 
 def add_output_flags(p, *, default_out: str) -> None:
@@ -107,9 +97,3 @@ def write_json_atomic(path: str | os.PathLike, payload: Any) -> None:
       os.unlink(tmp)
     raise
 
-
-def __getattr__(name: str) -> Any:
-  if name == "atomic_output_dir":  # moved to _output; kept importable from here
-    from cwsa_jax._output import atomic_output_dir  # noqa: PLC0415
-    return atomic_output_dir
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

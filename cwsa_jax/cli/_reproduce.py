@@ -1,6 +1,6 @@
 """``cwsa-jax reproduce-paper``: the paper's synthetic tables regenerated over many seeds.
 
-The paper (``trust-or-dont-predict.tex``) prints three synthetic tables
+The paper (arXiv:2505.18622) prints three synthetic tables
 (calibrated, overconfident, random model) and quotes further numbers in its
 text. Each model is redrawn for ``--seeds`` seeds with the published generator
 (:mod:`cwsa_jax.synthetic`, one ``jax.vmap`` over keys), evaluated on the
@@ -15,37 +15,52 @@ of the generator can produce are explained below the tables.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 from matplotlib.figure import Figure
 
-from cwsa_jax import _output
-from cwsa_jax import _report
 from cwsa_jax import plots
 from cwsa_jax import synthetic
-from cwsa_jax._cli_util import (UserError, add_synthetic_run_flags, progress_bar, progress_enabled,
-                                stage, write_json_atomic)
+from cwsa_jax.cli import _json, _metrics, _output, _synthetic
+from cwsa_jax.cli._format import markdown_table, text_table
+from cwsa_jax.cli._metrics import Metrics
+from cwsa_jax.cli._settings import Settings, published_code_thresholds
+from cwsa_jax.cli._util import progress_bar, progress_enabled, stage, write_json_atomic
 
+HELP = "regenerate the paper's synthetic tables over many seeds"
+DESCRIPTION = ("Redraw the paper's synthetic models for many seeds, recompute its tables and "
+               "quoted numbers under both CWSA normalisations, and write report.md, metrics.json "
+               "and figures that mark which published entries are (not) reproduced, and why.")
 DEFAULT_OUT = "cwsa-reproduce"
-_OUT_HINT = ", or omit --out for a fresh ./cwsa-reproduce-N"
 COLUMNS = ("selective_accuracy", "cwsa", "cwsa_plus", "coverage")
 COLUMN_TITLES = {"selective_accuracy": "sel. accuracy", "cwsa": "CWSA", "cwsa_plus": "CWSA+",
                  "coverage": "coverage"}
 
-# The paper's tables, as printed (strings keep the number of decimals). Rows:
-# (threshold label, index into linspace(0.5, 0.99, 20), sel. accuracy, CWSA, CWSA+, coverage).
-# The indices come from the published result files (Results/synthetic_overconfident.csv and
+
+class PaperTable(NamedTuple):
+  """One of the paper's synthetic tables, as printed (strings keep the number of decimals).
+
+  Each row: (threshold label, index into linspace(0.5, 0.99, 20), sel. accuracy, CWSA,
+  CWSA+, coverage).
+  """
+  caption: str
+  rows: tuple[tuple[str, int, str, str, str, str], ...]
+  row_source: str
+
+
+# The grid indices come from the published result files (Results/synthetic_overconfident.csv and
 # Results/synthetic_random.csv in the paper's published code), whose rows match the tables
 # exactly; the calibrated model has no such file, so its rows are assumed to be those of the
 # overconfident table.
-PAPER_TABLES: dict[str, dict[str, Any]] = {
-    "calibrated": {
-        "caption": "Table 'Detailed metric values for the synthetic calibrated model'",
-        "rows": [
+PAPER_TABLES: dict[str, PaperTable] = {
+    "calibrated": PaperTable(
+        caption="Table 'Detailed metric values for the synthetic calibrated model'",
+        rows=(
             ("0.50", 0, "0.938", "0.7314", "0.7456", "1.000"),
             ("0.60", 4, "0.958", "0.6718", "0.7164", "0.882"),
             ("0.70", 6, "0.969", "0.5924", "0.6859", "0.754"),
@@ -53,13 +68,13 @@ PAPER_TABLES: dict[str, dict[str, Any]] = {
             ("0.90", 15, "0.984", "0.3196", "0.6058", "0.349"),
             ("0.95", 18, "0.992", "0.1592", "0.5559", "0.168"),
             ("0.99", 19, "1.000", "0.0289", "0.5073", "0.057"),
-        ],
-        "row_source": "assumed to be those of the overconfident table (the published repository "
-                      "has no sweep file for this model)",
-    },
-    "overconfident": {
-        "caption": "Table 'Evaluation metrics for the synthetic overconfident model'",
-        "rows": [
+        ),
+        row_source="assumed to be those of the overconfident table (the published repository "
+                   "has no sweep file for this model)",
+    ),
+    "overconfident": PaperTable(
+        caption="Table 'Evaluation metrics for the synthetic overconfident model'",
+        rows=(
             ("0.50", 0, "0.9430", "0.7973", "0.8486", "1.000"),
             ("0.60", 4, "0.9430", "0.7742", "0.8240", "1.000"),
             ("0.70", 6, "0.9430", "0.7575", "0.8062", "1.000"),
@@ -67,12 +82,12 @@ PAPER_TABLES: dict[str, dict[str, Any]] = {
             ("0.90", 15, "0.9430", "0.4941", "0.5257", "1.000"),
             ("0.95", 18, "0.9481", "0.1567", "0.4795", "0.347"),
             ("0.99", 19, "0.9574", "0.0431", "0.4748", "0.094"),
-        ],
-        "row_source": "identified in the published Results/synthetic_overconfident.csv",
-    },
-    "random": {
-        "caption": "Table 'Detailed evaluation of the synthetic random model'",
-        "rows": [
+        ),
+        row_source="identified in the paper's published code (Results/synthetic_overconfident.csv)",
+    ),
+    "random": PaperTable(
+        caption="Table 'Detailed evaluation of the synthetic random model'",
+        rows=(
             ("0.50", 0, "0.3366", "-0.1100", "0.1652", "0.725"),
             ("0.60", 4, "0.3357", "-0.0829", "0.1732", "0.554"),
             ("0.70", 6, "0.3459", "-0.0712", "0.1758", "0.477"),
@@ -80,9 +95,9 @@ PAPER_TABLES: dict[str, dict[str, Any]] = {
             ("0.90", 15, "0.3229", "-0.0262", "0.1570", "0.161"),
             ("0.95", 18, "0.3750", "-0.0063", "0.1978", "0.048"),
             ("0.99", 19, "0.5000", "-0.0003", "0.2062", "0.016"),
-        ],
-        "row_source": "identified in the published Results/synthetic_random.csv",
-    },
+        ),
+        row_source="identified in the paper's published code (Results/synthetic_random.csv)",
+    ),
 }
 
 # Numbers quoted in the paper's text: (model, description, quantity, published value).
@@ -121,8 +136,7 @@ EXPLANATIONS: dict[tuple[str, str], str] = {
     ("calibrated", "selective_accuracy"):
         "Wrong predictions of the calibrated generator have confidence ≤ 0.7, so selective "
         "accuracy is exactly 1.0 for every τ > 0.7: the published 0.976, 0.984 and 0.992 at the "
-        "rows 0.80, 0.90 and 0.95 are impossible, whatever the CWSA normalisation (PAPER_NOTES "
-        "records this for the 0.90 row).",
+        "rows 0.80, 0.90 and 0.95 are impossible, whatever the CWSA normalisation.",
     ("calibrated", "cwsa"):
         "Follows from the coverage and selective-accuracy mismatch above: with only correct "
         "predictions retained above τ = 0.7, CWSA equals CWSA+ (paper's definition) or "
@@ -145,97 +159,136 @@ EXPLANATIONS: dict[tuple[str, str], str] = {
         "numbers.",
     ("underconfident", "ECE"):
         "Confidences are U[0.4, 0.6] (mean 0.5) whatever the outcome and the accuracy is about "
-        "0.933, so ECE ≈ 0.933 − 0.5 = 0.433 (PAPER_NOTES: about 0.43); 0.487 would need an "
+        "0.933, so ECE ≈ 0.933 − 0.5 = 0.433; 0.487 would need an "
         "accuracy of about 0.99.",
 }
 
 _TOLERANCE_SIGMAS = 3.0
 
 
+class Check(NamedTuple):
+  """A published value against the regenerated mean ± std over seeds."""
+  published: float
+  published_text: str
+  mean: float | None
+  std: float | None
+  tolerance: float
+  reproduced: bool
+
+
+class CwsaChecks(NamedTuple):
+  """A published CWSA against both normalisations: ÷ |S| (the definition), ÷ n (the code)."""
+  retained: Check
+  all: Check
+
+
+class TableRow(NamedTuple):
+  """One row of a paper table: its threshold label, the grid point, a check per column."""
+  paper_tau: float
+  grid_index: int
+  grid_tau: float
+  selective_accuracy: Check
+  cwsa: CwsaChecks
+  cwsa_plus: Check
+  coverage: Check
+
+
+class Claim(NamedTuple):
+  """A number quoted in the text; ``all`` (÷ n) only where CWSA is involved."""
+  model: str
+  claim: str
+  retained: Check
+  all: Check | None
+  reproduced: bool
+
+
+class Normalizations(NamedTuple):
+  """Every model's and seed's metrics ([M, S], [M, S, T]) under each CWSA normalisation."""
+  retained: Metrics
+  all: Metrics
+
+
 def _decimals(text: str) -> int:
   return len(text.split(".")[1]) if "." in text else 0
 
 
-def _check(published: str, mean: float, std: float) -> dict[str, Any]:
-  """Published value vs. regenerated mean ± std; reproduced within 3 std + rounding."""
+def _check(published: str, values: np.ndarray) -> Check:
+  """Published value vs. the mean ± std of ``values`` over seeds; reproduced within 3 std +
+  rounding."""
+  mean, std = (float(x) for x in _metrics.mean_std(values))
   value = float(published)
   tolerance = _TOLERANCE_SIGMAS * (0.0 if not np.isfinite(std) else std) + 0.5 * 10.0 ** -_decimals(published)
   ok = bool(np.isfinite(mean) and abs(value - mean) <= tolerance + 1e-9)
-  return {"published": value, "published_text": published,
-          "mean": None if not np.isfinite(mean) else float(mean),
-          "std": None if not np.isfinite(std) else float(std), "tolerance": float(tolerance),
-          "reproduced": ok}
+  return Check(value, published, None if not np.isfinite(mean) else mean,
+               None if not np.isfinite(std) else std, float(tolerance), ok)
 
 
-def _stats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """Mean and sample std over axis 0, ignoring NaN."""
-  s = _report.summarize({"x": values})["x"]
-  return s["mean"], s["std"]
+def _evaluate(confidences, correct, settings: Settings) -> Normalizations:
+  return Normalizations(*(_metrics.compute_metrics(confidences, correct,
+                                                   dataclasses.replace(settings, normalize=n))
+                          for n in Normalizations._fields))
 
 
-def _evaluate(confidences, correct, settings: _report.Settings) -> dict[str, dict[str, Any]]:
-  """Per normalisation: the metrics of every model and seed ([M, S] and [M, S, T])."""
-  out = {}
-  for normalize in ("retained", "all"):
-    s = _report.Settings(thresholds=settings.thresholds, num_bins=settings.num_bins,
-                         aurc_convention=settings.aurc_convention, normalize=normalize)
-    out[normalize] = _report.compute_metrics(confidences, correct, s)
-  return out
-
-
-def _table(model: str, m: int, metrics: dict[str, Any]) -> list[dict[str, Any]]:
+def _table(model: str, m: int, metrics: Normalizations) -> list[TableRow]:
   rows = []
-  grid = np.asarray(metrics["retained"]["sweep"]["thresholds"], np.float64)
-  for label, index, *published in PAPER_TABLES[model]["rows"]:
-    row: dict[str, Any] = {"paper_tau": float(label), "grid_index": index,
-                           "grid_tau": round(float(grid[index]), 6)}
+  grid = np.asarray(metrics.retained.sweep.thresholds, np.float64)
+  for label, index, *published in PAPER_TABLES[model].rows:
+    checks = {}
     for column, text in zip(COLUMNS, published):
       if column == "cwsa":
-        row[column] = {}
-        for normalize in ("retained", "all"):
-          mean, std = _stats(metrics[normalize]["sweep"]["cwsa"][m, :, index])
-          row[column][normalize] = _check(text, float(mean), float(std))
+        checks[column] = CwsaChecks(*(_check(text, getattr(metrics, n).sweep.cwsa[m, :, index])
+                                      for n in Normalizations._fields))
       else:
-        mean, std = _stats(metrics["retained"]["sweep"][column][m, :, index])
-        row[column] = _check(text, float(mean), float(std))
-    rows.append(row)
+        checks[column] = _check(text, getattr(metrics.retained.sweep, column)[m, :, index])
+    rows.append(TableRow(float(label), index, round(float(grid[index]), 6), **checks))
   return rows
 
 
-def _claim_value(quantity: Any, m: int, metrics: dict[str, Any], normalize: str) -> np.ndarray:
-  met = metrics[normalize]
+def _claim_value(quantity: Any, m: int, metrics: Metrics) -> np.ndarray:
   if isinstance(quantity, str):
-    return np.asarray(met[quantity][m], np.float64)
+    return np.asarray(getattr(metrics, quantity)[m], np.float64)
   a, b = quantity
   if a in ("max", "min"):
     # Per seed, the extreme over the grid (what one run of the published code reports).
-    values = np.asarray(met["sweep"][b][m], np.float64)  # [S, T]
+    values = np.asarray(getattr(metrics.sweep, b)[m], np.float64)  # [S, T]
     with np.errstate(all="ignore"):
       return np.nanmax(values, axis=1) if a == "max" else np.nanmin(values, axis=1)
-  return np.asarray(met["sweep"][a][m, :, b], np.float64)
+  return np.asarray(getattr(metrics.sweep, a)[m, :, b], np.float64)
 
 
-def _claims(models: tuple[str, ...], metrics: dict[str, Any]) -> list[dict[str, Any]]:
+def _claims(models: tuple[str, ...], metrics: Normalizations) -> list[Claim]:
   out = []
   for model, description, quantity, published in PAPER_CLAIMS:
     m = models.index(model)
-    entry: dict[str, Any] = {"model": model, "claim": description}
     involves_cwsa = not isinstance(quantity, str) and "cwsa" in quantity
-    for normalize in (("retained", "all") if involves_cwsa else ("retained",)):
-      mean, std = _stats(_claim_value(quantity, m, metrics, normalize))
-      entry[normalize] = _check(published, float(mean), float(std))
-    entry["reproduced"] = any(entry[k]["reproduced"] for k in ("retained", "all") if k in entry)
-    out.append(entry)
+    retained = _check(published, _claim_value(quantity, m, metrics.retained))
+    other = _check(published, _claim_value(quantity, m, metrics.all)) if involves_cwsa else None
+    out.append(Claim(model, description, retained, other,
+                     retained.reproduced or (other is not None and other.reproduced)))
   return out
 
 
-def _cell(check: dict[str, Any]) -> str:
-  if check["mean"] is None:
+def _claim_json(claim: Claim) -> dict[str, Any]:
+  out = _json.plain(claim, digits=None)
+  if claim.all is None:
+    del out["all"]
+  return out
+
+
+def _cell(check: Check) -> str:
+  if check.mean is None:
     return "—"
-  return f"{check['mean']:.4f} ± {check['std']:.4f} {'✓' if check['reproduced'] else '✗'}"
+  return f"{check.mean:.4f} ± {check.std:.4f} {'✓' if check.reproduced else '✗'}"
 
 
-def _table_markdown(model: str, rows: list[dict[str, Any]]) -> tuple[str, list[str]]:
+def _checks(row: TableRow) -> list[tuple[str, bool]]:
+  """(column, whether its entry is reproduced) of one row: a CWSA entry under either
+  normalisation."""
+  return [(column, row.cwsa.retained.reproduced or row.cwsa.all.reproduced) if column == "cwsa"
+          else (column, getattr(row, column).reproduced) for column in COLUMNS]
+
+
+def _table_markdown(rows: list[TableRow]) -> tuple[str, list[str]]:
   headers = ["τ (paper)", "τ (grid)"]
   for column in COLUMNS:
     if column == "cwsa":
@@ -245,53 +298,41 @@ def _table_markdown(model: str, rows: list[dict[str, Any]]) -> tuple[str, list[s
   lines = []
   failing: list[str] = []
   for row in rows:
-    cells = [f"{row['paper_tau']:.2f}", f"{row['grid_tau']:.4f}"]
+    cells = [f"{row.paper_tau:.2f}", f"{row.grid_tau:.4f}"]
     for column in COLUMNS:
       if column == "cwsa":
-        r, a = row["cwsa"]["retained"], row["cwsa"]["all"]
-        cells += [r["published_text"], _cell(r), _cell(a)]
-        if not (r["reproduced"] or a["reproduced"]) and "cwsa" not in failing:
-          failing.append("cwsa")
+        cells += [row.cwsa.retained.published_text, _cell(row.cwsa.retained), _cell(row.cwsa.all)]
       else:
-        c = row[column]
-        cells += [c["published_text"], _cell(c)]
-        if not c["reproduced"] and column not in failing:
-          failing.append(column)
+        check = getattr(row, column)
+        cells += [check.published_text, _cell(check)]
+    failing += [column for column, ok in _checks(row) if not ok and column not in failing]
     lines.append(cells)
-  return _report.markdown_table(headers, lines, "r" * len(headers)), failing
+  return markdown_table(headers, lines, "r" * len(headers)), failing
 
 
-def _counts(rows: list[dict[str, Any]]) -> tuple[int, int, int, int]:
+def _counts(rows: list[TableRow]) -> tuple[int, int, int, int]:
   """(entries reproduced, entries) and, for CWSA, (matches ÷|S|, matches ÷n)."""
-  good = total = by_retained = by_all = 0
-  for row in rows:
-    for column in COLUMNS:
-      if column == "cwsa":
-        r, a = row["cwsa"]["retained"]["reproduced"], row["cwsa"]["all"]["reproduced"]
-        good += r or a
-        by_retained += r
-        by_all += a
-      else:
-        good += row[column]["reproduced"]
-      total += 1
-  return good, total, by_retained, by_all
+  good = sum(ok for row in rows for _, ok in _checks(row))
+  by_retained = sum(row.cwsa.retained.reproduced for row in rows)
+  by_all = sum(row.cwsa.all.reproduced for row in rows)
+  return good, len(rows) * len(COLUMNS), by_retained, by_all
 
 
-def _figure(out: Path, model: str, m: int, metrics: dict[str, Any], rows) -> str:
+def _figure(out: Path, model: str, m: int, metrics: Normalizations, rows: list[TableRow]) -> str:
   fig = Figure(figsize=(7.5, 4.8), layout="constrained")
   ax = fig.add_subplot()
-  retained = {k: v[m] if k != "thresholds" else v for k, v in metrics["retained"]["sweep"].items()}
+  retained = _metrics.map_values(lambda x: x[m], metrics.retained).sweep
   plots.threshold_curves(retained, ax=ax, title=f"{model} model: regenerated (lines, mean ± 1 std) "
                          "vs. paper (markers)", labels={"cwsa": "CWSA ÷ |S| (paper's definition)"})
-  tau = np.asarray(retained["thresholds"], np.float64)
-  cwsa_all = np.asarray(metrics["all"]["sweep"]["cwsa"][m], np.float64)
-  mean, _ = _stats(cwsa_all)
+  tau = np.asarray(retained.thresholds, np.float64)
+  mean = _metrics.mean_std(np.asarray(metrics.all.sweep.cwsa[m], np.float64)).mean
   ax.plot(tau, mean, color="#d62728", linestyle=":", linewidth=1.8, label="CWSA ÷ n (published code)")
   colors = {"selective_accuracy": "#1f77b4", "cwsa": "#d62728", "cwsa_plus": "#2ca02c",
             "coverage": "#555555"}
   for column in COLUMNS:
-    xs = [row["grid_tau"] for row in rows]
-    ys = [(row[column]["retained"] if column == "cwsa" else row[column])["published"] for row in rows]
+    xs = [row.grid_tau for row in rows]
+    ys = [(row.cwsa.retained if column == "cwsa" else getattr(row, column)).published
+          for row in rows]
     ax.scatter(xs, ys, marker="X", s=60, color=colors[column], edgecolor="black", linewidth=0.6,
                zorder=5, label=f"paper: {COLUMN_TITLES[column]}")
   ax.set_ylim(min(-0.55, ax.get_ylim()[0]) if model == "random" else -0.03, 1.05)
@@ -302,17 +343,12 @@ def _figure(out: Path, model: str, m: int, metrics: dict[str, Any], rows) -> str
 
 
 def run(args: argparse.Namespace) -> int:
-  if args.seeds < 2:
-    raise UserError(f"--seeds must be >= 2 (a spread needs several seeds), got {args.seeds}")
-  if args.n < 2:
-    raise UserError(f"--n must be >= 2, got {args.n}")
-  out = _output.check_output_dir(
-      args.out if args.out is not None else _report.fresh_output_dir(DEFAULT_OUT),
-      force=args.force, hint=_OUT_HINT)
+  out = _synthetic.output_dir(args, default_out=DEFAULT_OUT, min_seeds=2,
+                              why=" (a spread needs several seeds)")
   start = time.perf_counter()
   show = progress_enabled(args)
-  settings = _report.Settings(thresholds=tuple(float(t) for t in _report.published_code_thresholds()),
-                              num_bins=10, aurc_convention="published_code")
+  settings = Settings(thresholds=tuple(float(t) for t in published_code_thresholds()),
+                      num_bins=10, aurc_convention="published_code")
   models = synthetic.MODELS
   with stage("drawing the models", enabled=show):
     batch = synthetic.sample_models(jax.random.key(args.seed), num_seeds=args.seeds,
@@ -328,17 +364,17 @@ def run(args: argparse.Namespace) -> int:
   for model, rows in tables.items():
     good, total, by_r, by_a = _counts(rows)
     summary.append([model, f"{good}/{total}", f"{by_r}/{len(rows)}", f"{by_a}/{len(rows)}"])
-  print(_report.text_table(("table", "entries reproduced", "CWSA ÷|S| matches", "CWSA ÷n matches"),
-                           summary))
-  bad_claims = [c for c in claims if not c["reproduced"]]
+  print(text_table(("table", "entries reproduced", "CWSA ÷|S| matches", "CWSA ÷n matches"),
+                   summary))
+  bad_claims = [c for c in claims if not c.reproduced]
   print(f"\ntext claims reproduced: {len(claims) - len(bad_claims)}/{len(claims)}")
   for c in bad_claims:
-    best = c["retained"] if c["retained"]["mean"] is not None else c.get("all")
-    print(f"  not reproduced: {c['model']}: {c['claim']} = {c['retained']['published_text']} "
-          f"(regenerated {best['mean']:.4f} ± {best['std']:.4f})")
+    best = c.retained if c.retained.mean is not None else c.all
+    print(f"  not reproduced: {c.model}: {c.claim} = {c.retained.published_text} "
+          f"(regenerated {best.mean:.4f} ± {best.std:.4f})")
 
   with _output.atomic_output_dir(out, force=args.force, command="reproduce-paper",
-                                 hint=_OUT_HINT) as tmp:
+                                 hint=_synthetic.out_hint(DEFAULT_OUT)) as tmp:
     with progress_bar(len(tables), "figures", enabled=show, unit="figure") as bar:
       figures = []
       for model, rows in tables.items():
@@ -346,28 +382,26 @@ def run(args: argparse.Namespace) -> int:
         bar.update(1)
     payload = {
         "command": "reproduce-paper",
-        "config": {"seed": args.seed, "seeds": args.seeds, "n": args.n,
-                   "num_classes": synthetic.PAPER_NUM_CLASSES,
-                   "tolerance": f"{_TOLERANCE_SIGMAS:g} std over seeds + half a unit of the last "
-                                "printed digit"},
-        "settings": settings.to_json(),
-        "models": {m: {k: (list(v) if isinstance(v, tuple) else v)
-                       for k, v in synthetic.PAPER_PARAMETERS[m].items()} for m in models},
-        "tables": {model: {"caption": PAPER_TABLES[model]["caption"],
-                           "row_source": PAPER_TABLES[model]["row_source"], "rows": rows}
+        "config": _synthetic.config_json(
+            args, tolerance=f"{_TOLERANCE_SIGMAS:g} std over seeds + half a unit of the last "
+                            "printed digit"),
+        "settings": _json.settings_json(settings),
+        "models": {m: _synthetic.model_parameters(m) for m in models},
+        "tables": {model: {"caption": PAPER_TABLES[model].caption,
+                           "row_source": PAPER_TABLES[model].row_source,
+                           "rows": _json.plain(rows, digits=None)}
                    for model, rows in tables.items()},
-        "claims": claims,
+        "claims": [_claim_json(c) for c in claims],
     }
     write_json_atomic(tmp / "metrics.json", payload)
     text = _markdown(args, tables, claims, figures, summary)
     (tmp / "report.md").write_text(text, encoding="utf-8")
-  print(f"\nWrote {out}/report.md, {out}/metrics.json and {len(figures)} figures "
-        f"in {time.perf_counter() - start:.1f} s")
+  _synthetic.print_written(out, len(figures), start)
   return 0
 
 
 def _markdown(args, tables, claims, figures, summary) -> str:
-  md = _report.markdown_table
+  md = markdown_table
   parts = [
       "# Reproducing the paper's synthetic tables",
       "",
@@ -396,9 +430,9 @@ def _markdown(args, tables, claims, figures, summary) -> str:
       "",
   ]
   for (model, rows), figure in zip(tables.items(), figures):
-    table, failing = _table_markdown(model, rows)
+    table, failing = _table_markdown(rows)
     parts += [f"## {model.capitalize()} model", "",
-              f"{PAPER_TABLES[model]['caption']}. Rows: {PAPER_TABLES[model]['row_source']}.", "",
+              f"{PAPER_TABLES[model].caption}. Rows: {PAPER_TABLES[model].row_source}.", "",
               table, ""]
     notes = [EXPLANATIONS[(model, c)] for c in failing if (model, c) in EXPLANATIONS]
     unexplained = [COLUMN_TITLES[c] for c in failing if (model, c) not in EXPLANATIONS]
@@ -413,31 +447,22 @@ def _markdown(args, tables, claims, figures, summary) -> str:
   parts += ["## Numbers quoted in the text", "",
             "Scalars and single values the paper's prose quotes (ECE and AURC with the published "
             "conventions above).", ""]
-  rows = []
-  for c in claims:
-    r = c["retained"]
-    a = c.get("all")
-    rows.append([c["model"], c["claim"], r["published_text"], _cell(r), _cell(a) if a else "same",
-                 "✓" if c["reproduced"] else "✗"])
+  rows = [[c.model, c.claim, c.retained.published_text, _cell(c.retained),
+           _cell(c.all) if c.all else "same", "✓" if c.reproduced else "✗"] for c in claims]
   parts += [md(("model", "quantity", "paper", "regenerated (÷\\|S\\|)", "regenerated (÷n)",
                 "reproduced"), rows, "llrrrc"), ""]
-  bad = [c for c in claims if not c["reproduced"]]
+  bad = [c for c in claims if not c.reproduced]
   if bad:
     parts += ["Not reproduced:", ""]
     for c in bad:
-      note = EXPLANATIONS.get((c["model"], c["claim"]),
+      note = EXPLANATIONS.get((c.model, c.claim),
                               "outside the regenerated spread; no further explanation is known.")
-      parts.append(f"- **{c['model']}, {c['claim']}** (paper: {c['retained']['published_text']}): {note}")
+      parts.append(f"- **{c.model}, {c.claim}** (paper: {c.retained.published_text}): {note}")
     parts.append("")
   return "\n".join(parts)
 
 
 def add_parser(sub) -> None:
-  p = sub.add_parser(
-      "reproduce-paper", help="regenerate the paper's synthetic tables over many seeds",
-      description="Redraw the paper's synthetic models for many seeds, recompute its tables and "
-      "quoted numbers under both CWSA normalisations, and write report.md, metrics.json and "
-      "figures that mark which published entries are (not) reproduced, and why.")
-  add_synthetic_run_flags(p, default_out=DEFAULT_OUT, seeds=1000,
-                          num_samples=synthetic.PAPER_NUM_SAMPLES)
+  p = sub.add_parser("reproduce-paper", help=HELP, description=DESCRIPTION)
+  _synthetic.add_flags(p, default_out=DEFAULT_OUT, seeds=1000)
   p.set_defaults(func=run)

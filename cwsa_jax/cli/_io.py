@@ -9,7 +9,7 @@ Supported files (chosen by extension):
   ``dog``: all one or the other); ``correct`` is 0/1 or true/false. The
   delimiter is ``,``, ``;``, TAB or ``|`` (whichever splits the header into
   those columns). It is read in blocks of rows with NumPy's parser
-  (:func:`iter_csv_chunks`, in :mod:`cwsa_jax._csv`).
+  (:func:`iter_csv_chunks`, in :mod:`cwsa_jax.cli._csv`).
 * ``.npz`` with ``probs`` [n, K] or ``logits`` [n, K] and ``labels`` [n] (what
   ``cwsa-jax train`` writes), or ``confidences`` [n] and ``correct`` [n].
 * ``.npy`` with probabilities or logits [n, K]; the labels come from a second
@@ -19,7 +19,7 @@ Supported files (chosen by extension):
 
 Confidences must lie in [0, 1]; values within 1e-6 outside (float32 rounding
 of a softmax) are clipped. Every problem raises
-:class:`~cwsa_jax._cli_util.UserError` with a one-line message that starts with
+:class:`~cwsa_jax.cli._util.UserError` with a one-line message that starts with
 the file name.
 """
 
@@ -33,9 +33,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cwsa_jax._cli_util import UserError
-from cwsa_jax import _csv
-from cwsa_jax._csv import CsvChunk, iter_csv_chunks  # noqa: F401  (re-exported)
+from cwsa_jax.cli import _csv
+from cwsa_jax.cli._csv import iter_csv_chunks
+from cwsa_jax.cli._util import UserError
 
 EXTENSIONS = (".csv", ".npz", ".npy")
 SCORE_KINDS = ("auto", "probs", "logits")

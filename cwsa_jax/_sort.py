@@ -1,0 +1,248 @@
+"""Sorting with the fastest primitive of each backend.
+
+XLA sorts well on GPUs and TPUs, but on CPU ``lax.sort`` is slower than
+NumPy's ``np.sort``. So on the CPU backend the sorts here run NumPy on the
+host (``_host_*``: through ``jax.experimental.buffer_callback``, which hands
+NumPy XLA's own buffers to sort in place, or :func:`jax.pure_callback` on
+older JAX, which copies them), and everywhere else they are plain
+``lax.sort`` (``_device_*``); :func:`jax.lax.platform_dependent` picks the
+branch when the computation is lowered, so a GPU program never contains the
+callback. Both branches return identical values (integer keys sort exactly;
+ties are broken as documented per function), so results do not depend on the
+backend. The callbacks are pure, and batched with
+``vmap_method="expand_dims"`` (NumPy sorts along the last axis), so the
+functions stay ``jit``- and ``vmap``-able. They have no derivative (integer
+keys); callers sort integer keys derived from the data and gather
+differentiable values by the returned order.
+
+Order statistics need no sort: :func:`order_statistics` is a radix select
+in plain XLA on every backend.
+
+Measured in ``benchmarks/bench_vs_numpy.py`` (the AURC family, the
+risk-coverage curve, equal-mass calibration bins).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+try:  # in-place host callbacks (newer JAX): no copies of the data in or out
+  from jax.experimental.buffer_callback import buffer_callback as _buffer_callback
+except ImportError:  # pragma: no cover - older JAX: jax.pure_callback
+  _buffer_callback = None
+
+
+def _host(fill, result_shapes, *args, aliases=None):
+  """Runs ``fill(outs, *ins)`` on the host: NumPy views of the inputs, and outputs to fill in place.
+
+  Samples are on the last axis; under ``vmap`` both carry leading batch axes.
+  An output aliased to an input (``aliases``: {input index: output index})
+  arrives holding that input. With ``jax.experimental.buffer_callback``
+  (newer JAX) the views are XLA's own buffers, so nothing is copied;
+  otherwise ``jax.pure_callback`` copies the data in and out.
+  """
+  aliases = aliases or {}
+  shapes = result_shapes if isinstance(result_shapes, tuple) else (result_shapes,)
+  if _buffer_callback is not None:
+    def callback(ctx, out, *ins):
+      del ctx
+      outs = out if isinstance(out, (tuple, list)) else (out,)
+      fill([np.asarray(o) for o in outs], *(np.asarray(x) for x in ins))
+    return _buffer_callback(callback, result_shapes, vmap_method="expand_dims",
+                            input_output_aliases=aliases)(*args)
+
+  def function(*ins):
+    ins = [np.asarray(x) for x in ins]
+    batch = ins[0].shape[:-1]
+    outs = [np.empty(batch + tuple(r.shape[-1:]), r.dtype) for r in shapes]
+    for i, o in aliases.items():
+      outs[o][...] = ins[i]
+    fill(outs, *ins)
+    return tuple(outs) if isinstance(result_shapes, tuple) else outs[0]
+
+  return jax.pure_callback(function, result_shapes, *args, vmap_method="expand_dims")
+
+
+def _per_backend(host, device, *args, **static):
+  """``host(*args, **static)`` when lowered for CPU, ``device(*args, **static)`` otherwise."""
+  return lax.platform_dependent(*args, cpu=functools.partial(host, **static),
+                                default=functools.partial(device, **static))
+
+
+def _padded(x: jax.Array, length: int | None, fill) -> jax.Array:
+  if length is None or length == x.shape[-1]:
+    return x
+  tail = jnp.full(x.shape[:-1] + (length - x.shape[-1],), fill, x.dtype)
+  return jnp.concatenate([x, tail], axis=-1)
+
+
+def _shape(x: jax.Array, length: int, dtype=None) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(x.shape[:-1] + (length,), x.dtype if dtype is None else dtype)
+
+
+def _host_sort(keys, length, fill):
+  n = keys.shape[-1]
+
+  def sort_in_place(outs, padded):
+    del padded  # outs[0] is the same buffer
+    outs[0][..., :n].sort(axis=-1)
+
+  # XLA pads (fused with whatever computed the keys); NumPy sorts that buffer in place.
+  return _host(sort_in_place, _shape(keys, length), _padded(keys, length, fill), aliases={0: 0})
+
+
+def _device_sort(keys, length, fill):
+  return _padded(lax.sort(keys), length, fill)
+
+
+def sort(keys: jax.Array, *, length: int | None = None, fill: int = 0) -> jax.Array:
+  """Ascending sort of integer ``keys`` [n] (``np.sort`` on CPU, ``lax.sort`` elsewhere).
+
+  With ``length`` (static, >= n) the result is [length]: the sorted keys,
+  then ``fill``.
+  """
+  length = keys.shape[-1] if length is None else length
+  return _per_backend(_host_sort, _device_sort, keys, length=length, fill=fill)
+
+
+def _packed_with_positions(keys: np.ndarray, shift: int) -> np.ndarray:
+  """int64 ``keys << 32 | position << shift``: unique, ordered by key then input position."""
+  n = keys.shape[-1]
+  packed = np.left_shift(keys, 32, dtype=np.int64)
+  packed |= np.arange(0, n << shift, 1 << shift, dtype=np.int64)
+  return packed
+
+
+def _host_sort_with_order(keys, length, fill):
+  n = keys.shape[-1]
+
+  def sort_with_order(outs, keys):
+    # Sorting int64 (key, position) pairs: a stable order from NumPy's fastest (unstable) sort.
+    packed = _packed_with_positions(keys, 0)
+    packed.sort(axis=-1)
+    out_keys, order = outs
+    out_keys[..., n:], order[..., n:] = fill, n
+    np.right_shift(packed, 32, out=out_keys[..., :n], casting="unsafe")
+    np.bitwise_and(packed, 0xFFFFFFFF, out=order[..., :n], casting="unsafe")
+
+  return _host(sort_with_order, (_shape(keys, length), _shape(keys, length, jnp.int32)), keys)
+
+
+def _device_sort_with_order(keys, length, fill):
+  n = keys.shape[-1]
+  keys, order = lax.sort((keys, lax.iota(jnp.int32, n)), num_keys=1, is_stable=True)
+  return _padded(keys, length, fill), _padded(order, length, n)
+
+
+def sort_with_order(keys: jax.Array, *, length: int | None = None,
+                    fill: int = 0) -> tuple[jax.Array, jax.Array]:
+  """Stable ascending sort of int32 ``keys`` [n]: the sorted keys and the input position of each.
+
+  Tied keys keep their input order. With ``length`` (static, >= n) both are
+  [length], the keys padded with ``fill`` and the positions with n (out of
+  range: ``jnp.take(x, order, mode="fill")`` gives the fill value there).
+  Gathering values by ``order`` keeps them differentiable.
+  """
+  if keys.dtype != jnp.int32:
+    raise TypeError(f"sort_with_order needs int32 keys, got {keys.dtype}")
+  length = keys.shape[-1] if length is None else length
+  return _per_backend(_host_sort_with_order, _device_sort_with_order, keys, length=length,
+                      fill=fill)
+
+
+def _host_stable_sort_flags(keys, flags, length, fill):
+  n = keys.shape[-1]
+
+  def sort_flags(outs, keys, flags):
+    # Key, input position and flag in one int64: one sort, no gather.
+    packed = _packed_with_positions(keys, 1)
+    packed |= flags
+    packed.sort(axis=-1)
+    outs[0][..., n:] = fill
+    np.bitwise_and(packed, 1, out=outs[0][..., :n], casting="unsafe")
+
+  return _host(sort_flags, _shape(flags, length), keys, flags)
+
+
+def _device_stable_sort_flags(keys, flags, length, fill):
+  return _padded(lax.sort((keys, flags), num_keys=1, is_stable=True)[1], length, fill)
+
+
+def stable_sort_flags(keys: jax.Array, flags: jax.Array, *, length: int | None = None,
+                      fill: int = 0) -> jax.Array:
+  """0/1 int32 ``flags`` [n] in the stable ascending order of int32 ``keys`` (ties in input order).
+
+  With ``length`` (static, >= n) the result is padded with ``fill``.
+  """
+  if keys.dtype != jnp.int32 or flags.dtype != jnp.int32:
+    raise TypeError(f"stable_sort_flags needs int32 keys and flags, got {keys.dtype}, {flags.dtype}")
+  length = keys.shape[-1] if length is None else length
+  return _per_backend(_host_stable_sort_flags, _device_stable_sort_flags, keys, flags,
+                      length=length, fill=fill)
+
+
+def _sequential_cumsum(x: jax.Array, axis: int) -> jax.Array:
+  x = jnp.moveaxis(x, axis, 0)
+  step = lambda carry, v: (carry + v, carry + v)
+  _, out = lax.scan(step, jnp.zeros(x.shape[1:], x.dtype), x, unroll=8)
+  return jnp.moveaxis(out, 0, axis)
+
+
+def _device_cumsum(x: jax.Array, axis: int) -> jax.Array:
+  return lax.associative_scan(jnp.add, x, axis=axis)
+
+
+def cumsum(x: jax.Array, axis: int = 0) -> jax.Array:
+  """Inclusive prefix sums along ``axis``: a sequential loop on CPU, a parallel scan elsewhere.
+
+  XLA:CPU runs ``lax.associative_scan`` and ``jnp.cumsum`` several times
+  slower than one sequential pass (and compiles them much more slowly); on
+  GPUs a sequential loop would launch a kernel per element.
+  """
+  return _per_backend(_sequential_cumsum, _device_cumsum, x, axis=axis)
+
+
+def order_statistics(keys: jax.Array, positions: Sequence[int], *, key_bits: int = 31) -> jax.Array:
+  """The sorted ``keys`` [n] at the static ``positions`` (clamped to n - 1), without sorting.
+
+  A two-level radix select, pure XLA on every backend (faster than
+  ``np.partition`` on CPU): a histogram of the high bits of every key finds
+  the bucket holding each wanted rank and the rank within it; a second
+  histogram of the low bits, over the keys of those buckets only, finds the
+  exact key. Two scatter-add passes over the data and prefix sums over the
+  histograms.
+
+  Args:
+    keys: [n] int32 keys in [0, 2^key_bits).
+    positions: static 0-based ranks, ascending.
+    key_bits: static bound on the keys' bits (at most 31).
+  """
+  n = keys.shape[-1]
+  positions = np.minimum(np.asarray(positions, np.int64), n - 1)
+  num = positions.shape[0]
+  if num == 0:
+    return jnp.zeros((0,), keys.dtype)
+  low_bits = key_bits // 2 - 1
+  num_high, num_low = 1 << (key_bits - low_bits), 1 << low_bits
+  ones = jnp.ones(keys.shape, jnp.int32)
+  high = keys >> low_bits
+  hist = jax.ops.segment_sum(ones, high, num_segments=num_high)
+  cum = cumsum(hist)  # keys in buckets <= b
+  rank = jnp.asarray(positions, jnp.int32)
+  bucket = jnp.searchsorted(cum, rank, side="right").astype(jnp.int32)
+  rank = rank - (cum[bucket] - hist[bucket])  # rank within the bucket
+  # One slot per distinct bucket (positions ascending, so buckets are too).
+  slot = jnp.cumsum(jnp.concatenate([jnp.zeros((1,), jnp.int32),
+                                     (bucket[1:] != bucket[:-1]).astype(jnp.int32)]))
+  table = jnp.full((num_high,), num, jnp.int32).at[bucket].set(slot)  # num: no slot
+  ids = table[high] * num_low + (keys & (num_low - 1))  # keys of other buckets: out of range
+  low_hist = jax.ops.segment_sum(ones, ids, num_segments=num * num_low).reshape(num, num_low)
+  low_cum = cumsum(low_hist, axis=1)[slot]
+  low = jax.vmap(lambda row, r: jnp.searchsorted(row, r, side="right"))(low_cum, rank)
+  return (bucket << low_bits) | low.astype(keys.dtype)

@@ -1,0 +1,201 @@
+"""Bootstrap intervals at the command line: the flags, one traceable function of every
+reported metric, and the table rows.
+
+``evaluate`` reports percentile-bootstrap intervals of each metric
+(:func:`cwsa_jax.bootstrap_ci`), ``compare`` the paired differences between
+two models on the same test set (:func:`cwsa_jax.paired_bootstrap`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import sys
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import cwsa_jax as cw
+from cwsa_jax import _bootstrap  # its progress hook, for the command line's progress bars
+from cwsa_jax.cli._settings import Settings
+from cwsa_jax.cli._util import UserError
+
+# A percentile interval's ends are order statistics of the resamples: with fewer than
+# MIN_TAIL_RESAMPLES beyond each end they are noise; with fewer than MIN_BOOTSTRAP_SAMPLES
+# samples the resamples take so few distinct values that the intervals mean nothing.
+MIN_TAIL_RESAMPLES = 5
+MIN_BOOTSTRAP_SAMPLES = 10
+
+
+def add_bootstrap_flags(p: argparse.ArgumentParser, *, default_resamples: int,
+                        allow_zero: bool = True) -> None:
+  """--bootstrap N, --level L, --seed S (shared by evaluate and compare)."""
+  p.add_argument("--bootstrap", type=int, default=default_resamples, metavar="N",
+                 help=f"bootstrap resamples for the intervals (default {default_resamples}; at "
+                 f"least {min_resamples(0.95)} for 95%% intervals"
+                 + ("; 0 = no intervals)" if allow_zero else ")"))
+  p.add_argument("--level", type=float, default=0.95, help="interval level (default 0.95)")
+  p.add_argument("--seed", type=int, default=0, help="seed of the resampling (default 0)")
+
+
+def min_resamples(level: float) -> int:
+  """The fewest resamples that leave MIN_TAIL_RESAMPLES beyond each end of a ``level`` interval."""
+  return math.ceil(round(2 * MIN_TAIL_RESAMPLES / (1.0 - level), 6))
+
+
+def check_bootstrap_flags(args: argparse.Namespace, *, allow_zero: bool) -> None:
+  """Refuses a --level outside (0, 1) and too few --bootstrap resamples for that level."""
+  if not 0.0 < args.level < 1.0:
+    raise UserError(f"--level must lie in (0, 1), got {args.level}")
+  if args.bootstrap < (0 if allow_zero else 1):
+    raise UserError(f"--bootstrap must be >= {0 if allow_zero else 1}, got {args.bootstrap}")
+  fewest = min_resamples(args.level)
+  if 0 < args.bootstrap < fewest:
+    raise UserError(f"--bootstrap {args.bootstrap} is too few resamples for {args.level * 100:g}% "
+                    f"intervals: fewer than {MIN_TAIL_RESAMPLES} would fall beyond each end; "
+                    f"use at least {fewest}" + (" (or 0 for no intervals)" if allow_zero else ""))
+
+
+def bootstrap_resamples(args: argparse.Namespace, num_samples: int, *, refuse: bool) -> int:
+  """``args.bootstrap``, or 0 when ``num_samples`` is too few to resample.
+
+  With ``refuse`` too few samples is a :class:`UserError`; else a warning on
+  stderr says that no intervals are reported.
+  """
+  if not args.bootstrap or num_samples >= MIN_BOOTSTRAP_SAMPLES:
+    return args.bootstrap
+  message = (f"n = {num_samples} sample(s) is too few for bootstrap intervals (need at least "
+             f"{MIN_BOOTSTRAP_SAMPLES})")
+  if refuse:
+    raise UserError(message)
+  print(f"cwsa-jax {args.command}: warning: {message}; no intervals reported", file=sys.stderr)
+  return 0
+
+
+class IntervalMetrics(NamedTuple):
+  """Every metric with an interval: scalars, and the sweep fields [T] on the settings' grid."""
+  accuracy: Any
+  ece: Any
+  aurc: Any
+  eaurc: Any
+  augrc: Any
+  coverage: Any
+  selective_accuracy: Any
+  cwsa: Any
+  cwsa_plus: Any
+
+
+SCALARS = IntervalMetrics._fields[:5]
+
+
+class Intervals(NamedTuple):
+  """Percentile-bootstrap intervals of one model's metrics (``low``, ``high``)."""
+  level: float
+  num_resamples: int
+  seed: int
+  low: IntervalMetrics
+  high: IntervalMetrics
+
+
+class Comparison(NamedTuple):
+  """Paired bootstrap of two models: A, B, A - B, its interval and two-sided p-value."""
+  level: float
+  num_resamples: int
+  seed: int
+  estimate_a: IntervalMetrics
+  estimate_b: IntervalMetrics
+  difference: IntervalMetrics
+  low: IntervalMetrics
+  high: IntervalMetrics
+  p_value: IntervalMetrics
+
+
+@functools.lru_cache(maxsize=8)  # one function per settings: jit caches stay warm
+def metric_fn(settings: Settings) -> Callable[[jax.Array, jax.Array], IntervalMetrics]:
+  """``(confidences [n], correct [n]) -> IntervalMetrics`` with the conventions of ``settings``."""
+  thresholds = jnp.asarray(settings.grid)
+
+  def fn(c, ok):
+    result = cw.sweep(c, ok, thresholds, normalize=settings.normalize)
+    summary = cw.risk_coverage_summary(c, ok, convention=settings.aurc_convention)
+    return IntervalMetrics(
+        # An exact integer count: identical correctness gives an identical accuracy.
+        accuracy=jnp.sum(ok, dtype=jnp.int32).astype(jnp.float32) / ok.shape[-1],
+        ece=cw.ece(c, ok, num_bins=settings.num_bins, norm=settings.ece_norm,
+                   binning=settings.binning),
+        aurc=summary.aurc, eaurc=summary.eaurc, augrc=summary.augrc,
+        coverage=result.coverage, selective_accuracy=result.selective_accuracy,
+        cwsa=result.cwsa, cwsa_plus=result.cwsa_plus)
+
+  return fn
+
+
+def _as_numpy(values: IntervalMetrics) -> IntervalMetrics:
+  return IntervalMetrics(*map(np.asarray, values))
+
+
+def evaluation_intervals(confidences: Any, correct: Any, settings: Settings, *,
+                         num_resamples: int, level: float, seed: int,
+                         progress: Callable[[int], Any] | None = None) -> Intervals:
+  """Percentile-bootstrap intervals of every metric of one model; ``progress(k)`` is called
+  each time k more resamples are done."""
+  c = jnp.asarray(confidences, jnp.float32)
+  ok = jnp.asarray(correct, jnp.bool_)
+  with _bootstrap.reporting(progress):
+    r = cw.bootstrap_ci(metric_fn(settings), c, ok, key=jax.random.key(seed),
+                        num_resamples=num_resamples, level=level)
+  return Intervals(level, num_resamples, seed, _as_numpy(r.low), _as_numpy(r.high))
+
+
+def comparison(a: tuple[Any, Any], b: tuple[Any, Any], settings: Settings, *,
+               num_resamples: int, level: float, seed: int,
+               progress: Callable[[int], Any] | None = None) -> Comparison:
+  """Paired bootstrap of every metric of models ``a`` and ``b`` ((confidences, correct) each);
+  ``progress`` as in :func:`evaluation_intervals`."""
+  args = [jnp.asarray(x, dt) for pair in (a, b) for x, dt in zip(pair, (jnp.float32, jnp.bool_))]
+  with _bootstrap.reporting(progress):
+    r = cw.paired_bootstrap(metric_fn(settings), *args, key=jax.random.key(seed),
+                            num_resamples=num_resamples, level=level)
+  return Comparison(level, num_resamples, seed,
+                    *(_as_numpy(getattr(r, name)) for name in Comparison._fields[3:]))
+
+
+def interval_rows(metrics: Any, intervals: Intervals, settings: Settings) -> list[list[str]]:
+  """(metric, value, low, high) rows of the scalar metrics and the sweep at each threshold
+  of ``settings`` that :func:`_shown` picks; ``metrics`` is the report's
+  :class:`~cwsa_jax.cli._metrics.Metrics`."""
+  low, high = intervals.low, intervals.high
+  rows = [[name, f"{float(getattr(metrics, name)):.5f}", f"{float(getattr(low, name)):.5f}",
+           f"{float(getattr(high, name)):.5f}"] for name in SCALARS]
+  for j in _shown(settings.thresholds):
+    tau = settings.thresholds[j]
+    for f in ("cwsa", "cwsa_plus", "coverage"):
+      value = float(np.asarray(getattr(metrics.sweep, f))[j])
+      rows.append([f"{f}@{tau:g}", f"{value:.5f}", f"{float(getattr(low, f)[j]):.5f}",
+                   f"{float(getattr(high, f)[j]):.5f}"])
+  return rows
+
+
+def comparison_rows(comp: Comparison, thresholds: tuple[float, ...]) -> list[list[str]]:
+  """(metric, A, B, A - B, low, high, p) rows."""
+  def row(label, get):
+    values = [get(v) for v in (comp.estimate_a, comp.estimate_b, comp.difference, comp.low,
+                               comp.high)]
+    return [label] + [f"{v:+.5f}" if i >= 2 else f"{v:.5f}" for i, v in enumerate(values)] + [
+        f"{get(comp.p_value):.4f}"]
+  rows = [row(name, lambda m, name=name: float(getattr(m, name))) for name in SCALARS]
+  for j in _shown(thresholds):
+    for f in ("cwsa", "cwsa_plus", "selective_accuracy", "coverage"):
+      rows.append(row(f"{f}@{thresholds[j]:g}", lambda m, f=f, j=j: float(getattr(m, f)[j])))
+  return rows
+
+
+def _shown(thresholds: tuple[float, ...]) -> list[int]:
+  """Indices of the thresholds shown in tables: 0.5 and 0.9 when present, else all (<= 5)."""
+  picked = [j for j, t in enumerate(thresholds) if abs(t - 0.5) < 1e-6 or abs(t - 0.9) < 1e-6]
+  if picked:
+    return picked
+  return list(range(len(thresholds)))[:5]

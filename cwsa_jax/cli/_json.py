@@ -1,0 +1,113 @@
+"""The reports' typed results as the plain JSON of ``metrics.json``.
+
+A NamedTuple becomes an object with its fields in order, an array a list, a
+float is rounded to 8 digits and NaN becomes ``null``. The bootstrap results
+(``intervals``, ``compare``) are written unrounded, as the bootstrap gave them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from cwsa_jax.cli._intervals import Comparison, Intervals
+from cwsa_jax.cli._metrics import Deployment, GroupBreakdown, Metrics, ModelReport
+from cwsa_jax.cli._settings import SELECTION_METRIC, Settings, aumcc_caveat
+
+
+def _is_record(x: Any) -> bool:
+  return isinstance(x, tuple) and hasattr(x, "_fields")
+
+
+def plain(x: Any, *, digits: int | None = 8) -> Any:
+  """``x`` as JSON values: records as objects, arrays as lists, floats rounded to ``digits``
+  (NaN and infinities as None); with ``digits=None`` numbers are kept as they are."""
+  if _is_record(x):
+    return {name: plain(value, digits=digits) for name, value in zip(x._fields, x)}
+  if isinstance(x, (list, tuple)) and x and _is_record(x[0]):
+    return [plain(value, digits=digits) for value in x]
+  if digits is None:
+    return np.asarray(x).tolist() if hasattr(x, "__array__") else x
+  array = np.asarray(x)
+  if array.ndim:
+    return [plain(value, digits=digits) for value in array]
+  value = array.item()
+  if isinstance(value, float):
+    return round(value, digits) if math.isfinite(value) else None
+  return value
+
+
+def settings_json(settings: Settings) -> dict[str, Any]:
+  """The conventions behind the numbers (``settings`` in every metrics.json)."""
+  return {
+      "thresholds": [round(t, 6) for t in settings.thresholds],
+      "ece": {"num_bins": settings.num_bins, "binning": settings.binning,
+              "norm": settings.ece_norm},
+      "aurc_convention": settings.aurc_convention,
+      "cwsa_normalize": settings.normalize,
+      "aumcc": {"axis": settings.aumcc_axis, "rule": "trapezoid", "normalized": False,
+                "caveat": aumcc_caveat(settings.aumcc_axis)},
+      "threshold_selection": {"metric": SELECTION_METRIC, "min_coverage": settings.min_coverage},
+  }
+
+
+def metrics_json(metrics: Metrics) -> dict[str, Any]:
+  """``n``, the scalar metrics, ``aumcc`` and ``sweep`` (each value a ``{"mean", "std"}`` object
+  in the summaries over seeds)."""
+  return plain(metrics)
+
+
+def deployment_json(deployment: Deployment) -> dict[str, Any]:
+  """``metric``, ``min_coverage``, ``feasible``, then the threshold and its operating point or,
+  when infeasible, the ``reason``."""
+  out = {"metric": deployment.metric, "min_coverage": deployment.min_coverage,
+         "feasible": deployment.feasible}
+  if deployment.choice is None:
+    out["reason"] = deployment.reason
+  else:
+    out.update(deployment.choice._asdict())
+  return {key: plain(value) for key, value in out.items()}
+
+
+def groups_json(groups: GroupBreakdown) -> dict[str, Any]:
+  """A per-class or per-group breakdown; ``column`` only for ``--group-by``."""
+  out = plain(groups)
+  if groups.column is None:
+    del out["column"]
+  return out
+
+
+def report_json(report: ModelReport) -> dict[str, Any]:
+  """``evaluate``'s metrics.json body: the metrics, then what it adds about the model."""
+  out = metrics_json(report.metrics)
+  if report.scoring is not None:
+    out.update(plain(report.scoring))
+  out["threshold_choice"] = deployment_json(report.threshold_choice)
+  for name in ("classes", "groups"):
+    if getattr(report, name) is not None:
+      out[name] = groups_json(getattr(report, name))
+  if report.worst is not None:
+    out["worst"] = plain(report.worst)
+  return out
+
+
+def _per_metric(values: Any) -> dict[str, Any]:
+  # By metric name in alphabetical order, as the bootstrap's dictionaries came out before.
+  return {name: np.asarray(value).tolist() for name, value in sorted(values._asdict().items())}
+
+
+def intervals_json(intervals: Intervals) -> dict[str, Any]:
+  """``method``, ``level``, ``num_resamples``, ``seed`` and the ``low`` / ``high`` ends."""
+  return {"method": "percentile bootstrap", "level": intervals.level,
+          "num_resamples": intervals.num_resamples, "seed": intervals.seed,
+          "low": _per_metric(intervals.low), "high": _per_metric(intervals.high)}
+
+
+def comparison_json(comparison: Comparison) -> dict[str, Any]:
+  """The paired bootstrap: A, B, A - B, its interval and p-value of every metric."""
+  return {"method": "paired percentile bootstrap", "level": comparison.level,
+          "num_resamples": comparison.num_resamples, "seed": comparison.seed,
+          **{name: _per_metric(getattr(comparison, name))
+             for name in ("estimate_a", "estimate_b", "difference", "low", "high", "p_value")}}

@@ -1,0 +1,121 @@
+"""cwsa_jax._sort (host and device halves, on CPU) and the exact conversions of cwsa_jax._exact."""
+
+from __future__ import annotations
+
+import fractions
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cwsa_jax import _exact, _sort
+
+RNG = np.random.default_rng(0)
+KEYS = RNG.integers(-40, 40, (3, 500)).astype(np.int32)  # many ties
+FLAGS = RNG.integers(0, 2, (3, 500)).astype(np.int32)
+
+
+def _without_buffer_callback(fn):
+  """``fn`` through the jax.pure_callback fallback (older JAX has no buffer_callback)."""
+  def call(*args, **kwargs):
+    saved, _sort._buffer_callback = _sort._buffer_callback, None
+    try:
+      return fn(*args, **kwargs)
+    finally:
+      _sort._buffer_callback = saved
+  return call
+
+
+def _both(host, device):
+  """The public function's branches, each runnable on CPU (the host one is what CPU lowers)."""
+  return pytest.mark.parametrize("impl", [host, _without_buffer_callback(host), device],
+                                 ids=["host", "host_pure_callback", "device"])
+
+
+@_both(_sort._host_sort, _sort._device_sort)
+def test_sort_padded_and_vmapped(impl):
+  got = jax.jit(jax.vmap(functools.partial(impl, length=503, fill=99)))(KEYS)
+  np.testing.assert_array_equal(got[:, :500], np.sort(KEYS, axis=-1))
+  np.testing.assert_array_equal(got[:, 500:], 99)
+
+
+@_both(_sort._host_sort_with_order, _sort._device_sort_with_order)
+def test_sort_with_order_is_stable(impl):
+  keys, order = jax.jit(jax.vmap(functools.partial(impl, length=502, fill=7)))(KEYS)
+  np.testing.assert_array_equal(order[:, :500], np.argsort(KEYS, axis=-1, kind="stable"))
+  np.testing.assert_array_equal(keys[:, :500], np.sort(KEYS, axis=-1))
+  np.testing.assert_array_equal(order[:, 500:], 500)
+  np.testing.assert_array_equal(keys[:, 500:], 7)
+
+
+@_both(_sort._host_stable_sort_flags, _sort._device_stable_sort_flags)
+def test_stable_sort_flags(impl):
+  got = jax.jit(jax.vmap(functools.partial(impl, length=501, fill=0)))(KEYS, FLAGS)
+  order = np.argsort(KEYS, axis=-1, kind="stable")
+  np.testing.assert_array_equal(got[:, :500], np.take_along_axis(FLAGS, order, axis=-1))
+  np.testing.assert_array_equal(got[:, 500:], 0)
+
+
+def test_public_sorts_use_the_host_branch_on_cpu():
+  text = jax.jit(_sort.sort).lower(KEYS[0]).as_text()
+  assert "callback" in text
+  np.testing.assert_array_equal(_sort.sort(KEYS[0]), np.sort(KEYS[0]))
+
+
+@pytest.mark.parametrize("impl", [_sort._sequential_cumsum, _sort._device_cumsum])
+def test_cumsum(impl):
+  x = RNG.integers(0, 9, (4, 300)).astype(np.int32)
+  for axis in (0, 1):
+    np.testing.assert_array_equal(jax.jit(functools.partial(impl, axis=axis))(x),
+                                  np.cumsum(x, axis=axis))
+
+
+@pytest.mark.parametrize("case", ["uniform", "few_values", "confidences", "one"])
+def test_order_statistics_equal_sorted_positions(case):
+  n = {"one": 1}.get(case, 3001)
+  if case == "uniform":
+    keys = RNG.integers(0, 2**30, n)
+  elif case == "few_values":  # every rank in a bucket shared with many ties
+    keys = RNG.integers(0, 4, n) + 2**29
+  else:
+    keys = RNG.uniform(0, 1, n).astype(np.float32).view(np.int32)
+  keys = keys.astype(np.int32)
+  positions = [0, 1, n // 3, n // 3, n // 2, n - 1, n + 5]  # repeats; past the end clamps
+  got = jax.jit(lambda k: _sort.order_statistics(k, positions, key_bits=30))(keys)
+  np.testing.assert_array_equal(got, np.sort(keys)[np.minimum(positions, n - 1)])
+
+
+def test_order_statistics_vmapped():
+  keys = RNG.integers(0, 2**31 - 1, (3, 400)).astype(np.int32)
+  got = jax.vmap(lambda k: _sort.order_statistics(k, [0, 17, 399]))(keys)
+  np.testing.assert_array_equal(got, np.sort(keys, axis=-1)[:, [0, 17, 399]])
+
+
+def test_exact_float_is_the_rounded_exact_integer():
+  rng = np.random.default_rng(1)
+  for _ in range(300):
+    terms, exact = [], fractions.Fraction(0)
+    for _ in range(rng.integers(1, 7)):
+      sign = int(rng.choice([-1, 1]))
+      hi, lo, place = int(rng.integers(0, 10**7)), int(rng.integers(0, 4096)), int(rng.integers(-3, 2))
+      terms.append((sign, jnp.int32(hi), jnp.int32(lo), place))
+      exact += sign * (hi * 4096 + lo) * fractions.Fraction(4096) ** place
+    got = float(_exact.exact_float(terms))
+    assert got == pytest.approx(float(exact), rel=4 * 2.0**-24, abs=0.0)
+  # Full relative precision after cancellation: 1 - 2^-24 from two sums near 10^7 * 4096.
+  terms = [(1, jnp.int32(10**7), jnp.int32(5), 0), (-1, jnp.int32(10**7), jnp.int32(4), 0),
+           (-1, jnp.int32(0), jnp.int32(1), -2)]
+  assert float(_exact.exact_float(terms)) == 1.0 - 2.0**-24
+
+
+def test_wide_and_grid_digits_are_exact():
+  x = np.concatenate([RNG.random(1000), [0.0, 1.0, 2.0**-12, 0.5]]).astype(np.float32)
+  digits = [np.asarray(d, np.float64) for d in _exact.wide_digits(jnp.asarray(x), 3)]
+  np.testing.assert_array_equal(sum(d * 4096.0 ** -(j + 1) for j, d in enumerate(digits)),
+                                x.astype(np.float64))
+  assert digits[0].max() <= 4096 and max(d.max() for d in digits[1:]) <= 4095
+  u = (1.0 - x[x >= 0.5]).astype(np.float32)  # multiples of 2^-24
+  hi, lo = (np.asarray(d, np.float64) for d in _exact.grid_columns(jnp.asarray(u)))
+  np.testing.assert_array_equal((hi * 4096 + lo) * 2.0**-24, u.astype(np.float64))
