@@ -13,15 +13,13 @@ from pathlib import Path
 
 from cwsa_jax.cli import _interrupt, _output
 from cwsa_jax.cli._util import UserError, add_progress_flag, progress_enabled
-from .configs import CONFIGS, CORRECTNESS, LOSSES, THRESHOLD_METRICS
+from .configs import CONFIGS, CORRECTNESS, LOSSES, THRESHOLD_METRICS, TrainConfig, get_config
 
 
 def run(args: argparse.Namespace) -> int:
   # Flax and optax (the [train] extra) load when a run starts: registering the command needs neither.
   from . import data as data_lib
-  from .configs import get_config
   from .train import CHECKPOINT_META, reuse_host_memory, train_and_evaluate, validation_split
-
 
   out = _output.check_folder_path(args.out)
   if out.exists() and any(out.iterdir()):
@@ -30,27 +28,7 @@ def run(args: argparse.Namespace) -> int:
                       "or choose a new --out)")
     if not (out / CHECKPOINT_META).exists():
       raise UserError(f"--resume: {out} has no checkpoint ({CHECKPOINT_META})")
-  config = get_config(args.dataset)
-  overrides = {"loss": args.loss, "seed": args.seed}
-  for flag, field in (("epochs", "epochs"), ("batch_size", "batch_size"), ("lr", "learning_rate"),
-                      ("cwsa_weight", "cwsa_weight"), ("cwsa_tau", "cwsa_tau"),
-                      ("cwsa_temperature", "cwsa_temperature"), ("cwsa_correctness", "cwsa_correctness"),
-                      ("cwsa_temperature_start", "cwsa_temperature_start"),
-                      ("label_smoothing", "label_smoothing"), ("focal_gamma", "focal_gamma"),
-                      ("soft_aurc_weight", "soft_aurc_weight"),
-                      ("soft_aurc_temperature", "soft_aurc_temperature"),
-                      ("val_fraction", "val_fraction"), ("threshold_metric", "threshold_metric"),
-                      ("threshold_min_coverage", "threshold_min_coverage"),
-                      ("threshold_max_risk", "threshold_max_risk")):
-    if getattr(args, flag) is not None:
-      overrides[field] = getattr(args, flag)
-  if args.cwsa_band is not None:
-    overrides["cwsa_band"] = tuple(args.cwsa_band)
-  config = dataclasses.replace(config, **overrides)
-  try:
-    config.validate()
-  except ValueError as e:
-    raise UserError(str(e)) from None
+  config = config_from_args(args)
   try:
     dataset = data_lib.load_dataset(args.dataset, data_dir=args.data_dir)
     validation_split(dataset.train_labels, fraction=config.val_fraction, seed=config.seed,
@@ -75,8 +53,9 @@ def run(args: argparse.Namespace) -> int:
         f"AURC {metrics['aurc']:.5f}  CWSA@0.5 {metrics['cwsa']['0.5']:.4f}  "
         f"CWSA@0.9 {metrics['cwsa']['0.9']:.4f}  ({metrics['wall_seconds']:.0f} s) -> {out}")
   scaled, selected = metrics["temperature_scaled"], metrics["selected_threshold"]
-  line = (f"temperature {metrics['temperature']:.3f} (fitted on {metrics['split']['validation']} "
-          f"validation examples): ECE {scaled['ece']:.4f}  NLL {metrics['nll']:.4f} -> {scaled['nll']:.4f}")
+  line = (f"temperature {metrics['temperature']:.4g} (fitted on {metrics['split']['validation']} "
+          f"validation examples): ECE {metrics['ece']:.4f} -> {scaled['ece']:.4f}, "
+          f"NLL {metrics['nll']:.4f} -> {scaled['nll']:.4f}")
   if selected["threshold"] is None:
     line += f"; no deployment threshold: {selected['reason']}"
   else:
@@ -86,6 +65,27 @@ def run(args: argparse.Namespace) -> int:
              + ("n/a" if risk is None else f"{risk:.4f}"))
   print(line)
   return 0
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+  """The dataset's default config with the flags given on the command line, validated."""
+  overrides = {"loss": args.loss, "seed": args.seed}
+  if args.lr is not None:
+    overrides["learning_rate"] = args.lr
+  if args.cwsa_band is not None:
+    overrides["cwsa_band"] = tuple(args.cwsa_band)
+  for field in ("epochs", "batch_size", "cwsa_weight", "cwsa_tau", "cwsa_temperature",
+                "cwsa_correctness", "cwsa_temperature_start", "label_smoothing", "focal_gamma",
+                "soft_aurc_weight", "soft_aurc_temperature", "val_fraction", "threshold_metric",
+                "threshold_min_coverage", "threshold_max_risk"):  # flag --x-y sets field x_y
+    if getattr(args, field) is not None:
+      overrides[field] = getattr(args, field)
+  config = dataclasses.replace(get_config(args.dataset), **overrides)
+  try:
+    config.validate()
+  except ValueError as e:
+    raise UserError(str(e)) from None
+  return config
 
 
 def _remove_partial_run(out: Path, before: set[str] | None, checkpoint_meta: str) -> bool:

@@ -71,18 +71,19 @@ class TrainConfig:
     _choice("dataset", self.dataset, DATASETS)
     _choice("model", self.model, MODELS)
     _integer("epochs", self.epochs, 1)
-    _integer("batch_size", self.batch_size, 1)
+    _integer("batch size", self.batch_size, 1)
     _choice("optimizer", self.optimizer, OPTIMIZERS)
-    _number("learning_rate", self.learning_rate, "> 0", lambda x: x > 0)
-    _number("weight_decay", self.weight_decay, ">= 0", lambda x: x >= 0)
-    _number("warmup_epochs", self.warmup_epochs, ">= 0", lambda x: x >= 0)
+    _number("learning rate", self.learning_rate, "> 0", lambda x: x > 0)
+    _number("weight decay", self.weight_decay, ">= 0", lambda x: x >= 0)
+    _number("warmup epochs", self.warmup_epochs, ">= 0", lambda x: x >= 0)
     _require(isinstance(self.augment, bool), f"augment must be True or False, got {self.augment!r}")
     for name in ("widths", "convs_per_block"):
       sizes = getattr(self, name)
       _require(sizes is None or (len(sizes) > 0 and all(_is_int(s) and s >= 1 for s in sizes)),
                f"{name} must be positive integers, got {sizes!r}")
     _choice("loss", self.loss, LOSSES)
-    _number("label_smoothing", self.label_smoothing, "in [0, 1)", lambda x: 0 <= x < 1)
+    _number("label smoothing", self.label_smoothing, "lie in [0, 1)", lambda x: 0 <= x < 1,
+            verb="")
     _require(self.label_smoothing == 0 or self.loss in SMOOTHABLE_LOSSES,
              f"label smoothing applies to the cross-entropy term of the losses "
              f"{', '.join(SMOOTHABLE_LOSSES)}, not to loss {self.loss!r}")
@@ -107,7 +108,7 @@ class TrainConfig:
       if value is not None:
         _number(name.replace("_", " "), value, "lie in [0, 1]", lambda x: 0 <= x <= 1, verb="")
     _integer("seed", self.seed, 0)
-    _integer("eval_batch_size", self.eval_batch_size, 1)
+    _integer("eval batch size", self.eval_batch_size, 1)
     _require(len(self.thresholds) > 0 and all(_is_number(t) and 0 <= t < 1 for t in self.thresholds),
              f"thresholds must be a non-empty sequence of values in [0, 1), got {self.thresholds!r}")
 

@@ -3,8 +3,12 @@
 Usage: python -m cwsa_jax.training.summarize RUN_DIR [RUN_DIR ...] [--out results/training]
 
 Each RUN_DIR holds the ``metrics.json`` and ``config.json`` written by
-``cwsa-jax train``; the README table gets one row per run with the command
-that reproduces it, then the mean +- std over seeds per (dataset, loss).
+``cwsa-jax train``. The README gets the mean +- std over seeds per (dataset,
+loss variant); for the runs with a validation split, per dataset, a table of
+every (loss, confidence score) pair (accuracy, NLL and ECE before/after
+temperature scaling, AURC, AUGRC, E-AURC, CWSA/CWSA+ at 0.5 and 0.9) and one
+of the temperature and the deployment threshold; then one row per run with
+the command that reproduces it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,14 @@ from cwsa_jax.cli._util import write_json_atomic
 FIELDS = ("dataset", "loss", "seed", "epochs", "test_accuracy", "ece", "aurc", "eaurc", "augrc",
           "cwsa", "cwsa_plus", "wall_seconds", "data_source", "device")
 DATASET_LABEL = {"mnist": "MNIST", "cifar10": "CIFAR-10 (JPEG copy)"}
+# The per-score table's rows (metrics.json "scores"; runs before the validation split lack them).
+SCORES = ("msp", "max_logit", "margin", "neg_entropy", "doctor")
+CONFIG_FIELDS = ("epochs", "batch_size", "optimizer", "learning_rate", "weight_decay", "augment",
+                 "cwsa_weight", "cwsa_tau", "cwsa_temperature", "cwsa_band", "cwsa_correctness")
+# Fields runs before the validation split lack (None there).
+NEW_CONFIG_FIELDS = ("cwsa_temperature_start", "label_smoothing", "focal_gamma", "soft_aurc_weight",
+                     "soft_aurc_temperature", "val_fraction", "threshold_metric",
+                     "threshold_min_coverage", "threshold_max_risk")
 
 
 def command_for(config: dict, run_dir: str) -> str:
@@ -34,6 +46,20 @@ def command_for(config: dict, run_dir: str) -> str:
       parts.append("--cwsa-band {} {}".format(*config["cwsa_band"]))
     if config.get("cwsa_temperature_start"):
       parts.append(f"--cwsa-temperature-start {config['cwsa_temperature_start']}")
+  if config["loss"] in ("focal", "inverse_focal"):
+    parts.append(f"--focal-gamma {config['focal_gamma']}")
+  if config["loss"] == "soft_aurc":
+    parts += [f"--soft-aurc-weight {config['soft_aurc_weight']}",
+              f"--soft-aurc-temperature {config['soft_aurc_temperature']}"]
+  if config.get("label_smoothing"):
+    parts.append(f"--label-smoothing {config['label_smoothing']}")
+  if config.get("val_fraction") is not None:
+    parts.append(f"--val-fraction {config['val_fraction']}")
+  if config.get("threshold_metric") not in (None, "cwsa"):
+    parts.append(f"--threshold-metric {config['threshold_metric']}")
+  for field in ("threshold_min_coverage", "threshold_max_risk"):
+    if config.get(field) is not None:
+      parts.append(f"--{field.replace('_', '-')} {config[field]}")
   if config.get("max_steps"):
     parts.append(f"--max-steps {config['max_steps']}")
   return " ".join(parts)
@@ -45,20 +71,56 @@ def load_run(run_dir: Path) -> dict:
   row = {k: metrics[k] for k in FIELDS}
   row["run"] = run_dir.name
   row["command"] = command_for(config, f"runs/{run_dir.name}")
-  row["config"] = {k: config[k] for k in ("epochs", "batch_size", "optimizer", "learning_rate",
-                                          "weight_decay", "augment", "cwsa_weight", "cwsa_tau",
-                                          "cwsa_temperature", "cwsa_band", "cwsa_correctness")}
-  row["config"]["cwsa_temperature_start"] = config.get("cwsa_temperature_start")
+  row["config"] = {k: config[k] for k in CONFIG_FIELDS}
+  row["config"].update({k: config.get(k) for k in NEW_CONFIG_FIELDS})
+  # Runs with a validation split: NLL, temperature scaling, the threshold, the scores.
+  row["nll"] = metrics.get("nll")
+  row["temperature"] = metrics.get("temperature")
+  scaled = metrics.get("temperature_scaled") or {}
+  row["nll_scaled"], row["ece_scaled"] = scaled.get("nll"), scaled.get("ece")
+  row["selected_threshold"] = metrics.get("selected_threshold")
+  row["scores"] = metrics.get("scores")
   return row
 
 
-def _group_key(r):
+def _variant(r) -> str:
+  """The group name: schedule and loss (and, for runs with a validation split, its fraction)."""
   c = r["config"]
-  variant = f"{c['epochs']} ep, " + ("ce" if r["loss"] == "ce" else (
-      f"cwsa w={c['cwsa_weight']} tau={c['cwsa_tau']} T={c['cwsa_temperature']}"
-      + (f" band={tuple(c['cwsa_band'])}" if c.get("cwsa_band") else "")
-      + (f" T0={c['cwsa_temperature_start']}" if c.get("cwsa_temperature_start") else "")))
-  return r["dataset"], variant
+  loss = r["loss"]
+  if loss == "cwsa":
+    name = (f"cwsa w={c['cwsa_weight']} tau={c['cwsa_tau']} T={c['cwsa_temperature']}"
+            + (f" band={tuple(c['cwsa_band'])}" if c.get("cwsa_band") else "")
+            + (f" T0={c['cwsa_temperature_start']}" if c.get("cwsa_temperature_start") else ""))
+  elif loss in ("focal", "inverse_focal"):
+    name = f"{loss} gamma={c['focal_gamma']}"
+  elif loss == "soft_aurc":
+    name = f"soft_aurc w={c['soft_aurc_weight']} T={c['soft_aurc_temperature']}"
+  else:
+    name = loss
+  if c.get("label_smoothing"):
+    name += f" ls={c['label_smoothing']}"
+  if c.get("val_fraction") is not None:
+    name += f", val {c['val_fraction']}"
+  return f"{c['epochs']} ep, {name}"
+
+
+def _group_key(r):
+  return r["dataset"], _variant(r)
+
+
+def _stat(values: list) -> tuple[float, float] | None:
+  """(mean, std) over the runs, or None when a run lacks the value."""
+  if not values or any(v is None for v in values):
+    return None
+  return float(np.mean(values)), float(np.std(values))
+
+
+def _get(d, *path):
+  for key in path:
+    if d is None:
+      return None
+    d = d.get(key)
+  return d
 
 
 def aggregate(runs: list[dict]) -> list[dict]:
@@ -67,7 +129,8 @@ def aggregate(runs: list[dict]) -> list[dict]:
     groups.setdefault(_group_key(r), []).append(r)
   out = []
   for (dataset, variant), rs in sorted(groups.items()):
-    stat = lambda f: (float(np.mean([f(r) for r in rs])), float(np.std([f(r) for r in rs])))
+    stat = lambda f: _stat([f(r) for r in rs])
+    selected = lambda *path: stat(lambda r: _get(r["selected_threshold"], *path))
     out.append({
         "dataset": dataset, "variant": variant, "seeds": sorted(r["seed"] for r in rs),
         "test_accuracy": stat(lambda r: r["test_accuracy"]), "ece": stat(lambda r: r["ece"]),
@@ -76,12 +139,28 @@ def aggregate(runs: list[dict]) -> list[dict]:
         "cwsa_0.5": stat(lambda r: r["cwsa"]["0.5"]), "cwsa_0.9": stat(lambda r: r["cwsa"]["0.9"]),
         "cwsa_plus_0.5": stat(lambda r: r["cwsa_plus"]["0.5"]),
         "cwsa_plus_0.9": stat(lambda r: r["cwsa_plus"]["0.9"]),
+        "nll": stat(lambda r: r["nll"]), "nll_scaled": stat(lambda r: r["nll_scaled"]),
+        "ece_scaled": stat(lambda r: r["ece_scaled"]),
+        "temperature": stat(lambda r: r["temperature"]),
+        "threshold": selected("threshold"),
+        "validation_coverage": selected("validation", "coverage"),
+        "validation_risk": selected("validation", "selective_risk"),
+        "test_coverage": selected("test", "coverage"),
+        "test_risk": selected("test", "selective_risk"),
+        "scores": {score: {metric: stat(lambda r: _get(r["scores"], score, *metric.split(":")))
+                           for metric in ("aurc", "augrc", "eaurc", "cwsa:0.5", "cwsa:0.9",
+                                          "cwsa_plus:0.5", "cwsa_plus:0.9")}
+                   for score in SCORES},
     })
   return out
 
 
+def _pm(s, digits: int = 4) -> str:
+  return "—" if s is None else f"{s[0]:.{digits}f} ± {s[1]:.{digits}f}"
+
+
 def render_readme(runs: list[dict], groups: list[dict], notes: str) -> str:
-  pm = lambda s, d=4: f"{s[0]:.{d}f} ± {s[1]:.{d}f}"
+  pm = _pm
   lines = ["# Training results", "",
            "Written by `python -m cwsa_jax.training.summarize` from the runs' `metrics.json`; every number below "
            "comes from those files. `DATA` is a folder with `mnist/` (IDX files) and `cifar10/` "
@@ -95,6 +174,7 @@ def render_readme(runs: list[dict], groups: list[dict], notes: str) -> str:
         f"{pm(g['test_accuracy'])} | {pm(g['ece'])} | {pm(g['aurc'], 5)} | {pm(g['eaurc'], 5)} | "
         f"{pm(g['augrc'], 5)} | {pm(g['cwsa_0.5'])} | {pm(g['cwsa_0.9'])} | {pm(g['cwsa_plus_0.5'])} | "
         f"{pm(g['cwsa_plus_0.9'])} |")
+  lines += _score_tables(groups) + _threshold_table(groups)
   lines += ["", "## Runs", "",
             "| run | test acc. | ECE | AURC | CWSA@0.5 | CWSA@0.9 | wall s | device | command |",
             "|---|---|---|---|---|---|---|---|---|"]
@@ -105,6 +185,53 @@ def render_readme(runs: list[dict], groups: list[dict], notes: str) -> str:
   if notes:
     lines += ["", notes.strip()]
   return "\n".join(lines) + "\n"
+
+
+def _score_tables(groups: list[dict]) -> list[str]:
+  """Per dataset: one row per (loss, confidence score), for the runs with a validation split."""
+  with_scores = [g for g in groups if g["temperature"] is not None]
+  lines = []
+  for dataset in sorted({g["dataset"] for g in with_scores}):
+    lines += ["", f"## {DATASET_LABEL.get(dataset, dataset)}: losses and confidence scores", "",
+              "Test split. Accuracy, NLL and ECE (of the max softmax probability) before and after "
+              "temperature scaling (T fitted on the validation split); AURC, AUGRC, E-AURC and "
+              "CWSA/CWSA+ of each confidence score of the unscaled logits. `max_logit` and "
+              "`neg_entropy` lie outside [0, 1]: their rank metrics are those of their dense ranks "
+              "mapped into [0, 1] (order and ties kept exactly), and CWSA, which depends on the "
+              "scale of a confidence, is not defined for them (—).", "",
+              "| loss | score | seeds | test acc. | NLL | NLL (T) | ECE | ECE (T) | AURC | AUGRC | "
+              "E-AURC | CWSA@0.5 | CWSA@0.9 | CWSA+@0.5 | CWSA+@0.9 |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for g in (g for g in with_scores if g["dataset"] == dataset):
+      for score in SCORES:
+        s = g["scores"][score]
+        lines.append(
+            f"| {g['variant']} | {score} | {len(g['seeds'])} | {_pm(g['test_accuracy'])} | "
+            f"{_pm(g['nll'])} | {_pm(g['nll_scaled'])} | {_pm(g['ece'])} | {_pm(g['ece_scaled'])} | "
+            f"{_pm(s['aurc'], 5)} | {_pm(s['augrc'], 5)} | {_pm(s['eaurc'], 5)} | "
+            f"{_pm(s['cwsa:0.5'])} | {_pm(s['cwsa:0.9'])} | {_pm(s['cwsa_plus:0.5'])} | "
+            f"{_pm(s['cwsa_plus:0.9'])} |")
+  return lines
+
+
+def _threshold_table(groups: list[dict]) -> list[str]:
+  with_split = [g for g in groups if g["temperature"] is not None]
+  if not with_split:
+    return []
+  lines = ["", "## Temperature scaling and the deployment threshold", "",
+           "T is fitted on the validation split; the threshold tau is chosen on the "
+           "temperature-scaled validation confidences (max softmax probability) and applied "
+           "unchanged to the test split. Risk = 1 - selective accuracy. A run whose grid had no "
+           "threshold meeting its constraints shows —.", "",
+           "| dataset | loss | seeds | T | tau | val. coverage | val. risk | test coverage | "
+           "test risk |",
+           "|---|---|---|---|---|---|---|---|---|"]
+  for g in with_split:
+    lines.append(
+        f"| {DATASET_LABEL.get(g['dataset'], g['dataset'])} | {g['variant']} | {len(g['seeds'])} | "
+        f"{_pm(g['temperature'], 3)} | {_pm(g['threshold'], 3)} | {_pm(g['validation_coverage'])} | "
+        f"{_pm(g['validation_risk'], 5)} | {_pm(g['test_coverage'])} | {_pm(g['test_risk'], 5)} |")
+  return lines
 
 
 def main(argv=None) -> int:

@@ -693,7 +693,7 @@ def train_and_evaluate(config: TrainConfig, workdir: str | os.PathLike, dataset:
   validation_logits = predict_logits(model, dataset.train_images[validation_index], config)
   metrics, test_probs, temperature = evaluate_run(validation_logits, validation_labels,
                                                   test_logits, test_labels, config)
-  tmp = workdir / f".{PREDICTIONS}.tmp.npz"
+  tmp = workdir / ".predictions.tmp.npz"
   np.savez_compressed(tmp, probs=test_probs.astype(np.float32), labels=test_labels,
                       logits=test_logits, temperature=np.float32(temperature),
                       validation_logits=validation_logits, validation_labels=validation_labels)
