@@ -66,6 +66,9 @@ from cwsa_jax import _validation
 DEFAULT_CHUNK_ELEMENTS = 1 << 16
 # Resampled values per jitted call of the host loop (whole chunks, at least one).
 BLOCK_ELEMENTS = 1 << 20
+# bootstrap_evaluation's cheaper resamples: more per call, so that the buffers of
+# one call serve several resamples of a large test set.
+EVALUATION_BLOCK_ELEMENTS = 1 << 26
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _PARITY = np.uint32(0x1BD11BDA)
@@ -213,7 +216,8 @@ def _traced(*values: Any) -> bool:
   return any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(values))
 
 
-def _run_blocks(block: Callable, num_resamples: int, chunk_size: int, n: int):
+def _run_blocks(block: Callable, num_resamples: int, chunk_size: int, n: int, *,
+                block_elements: int | None = None):
   """``block(start, size, num_chunks)`` over the resamples, one call at a time, joined [B, ...].
 
   The chunks (``size`` resamples each, as in :func:`_map_resamples`) are grouped
@@ -222,7 +226,7 @@ def _run_blocks(block: Callable, num_resamples: int, chunk_size: int, n: int):
   """
   num_chunks = -(-num_resamples // chunk_size)
   size = -(-num_resamples // num_chunks)
-  per_block = max(1, min(num_chunks, BLOCK_ELEMENTS // (size * n)))
+  per_block = max(1, min(num_chunks, (block_elements or BLOCK_ELEMENTS) // (size * n)))
   report = _REPORT.get()
   parts, done = [], 0
   for first in range(0, num_chunks, per_block):
@@ -578,38 +582,36 @@ def paired_bootstrap(fn: Callable, confidences_a, correct_a, confidences_b, corr
 
 # --- the sweep's fast path ----------------------------------------------------
 
+def _pack(confidences: jax.Array, correct: jax.Array) -> jax.Array:
+  """One int32 per sample: the bit pattern of c >= 0, boolean correctness in the sign bit."""
+  bits = lax.bitcast_convert_type(confidences.astype(jnp.float32), jnp.int32) & 0x7FFFFFFF
+  return bits | (correct.astype(jnp.int32) << 31)
+
+
+def _unpack(packed: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(confidences, correct) of :func:`_pack`."""
+  return lax.bitcast_convert_type(packed & 0x7FFFFFFF, jnp.float32), packed < 0
+
+
 def _sweep_per_sample(confidences, correct, thresholds):
-  """Each sample's bucket segment and columns, gathered by every resample, and the
-  invalid-input flag of the whole data."""
-  num_t = thresholds.shape[0]
-  _, sorted_t = _sweep.sorted_thresholds(thresholds)
-  first, counts, max_per_cell = _sweep.bucket_table(sorted_t, _sweep.num_cells(num_t))
-  bucket = _sweep.bucketize(jnp.clip(confidences, 0.0, 1.0), sorted_t, first, counts, max_per_cell)
-  ids, cols = _stats.segment_columns(confidences, correct, bucket)
+  """What each resample gathers: every sample's threshold bucket, found once, and its
+  confidence and correctness (binary: packed in one int32); and the invalid-input flag."""
   invalid = _stats.invalid_inputs(confidences, correct)
-  if correct.dtype != jnp.bool_:
-    return (ids, cols.T), invalid  # [n], [n, K]
-  # Binary: columns (1, u_hi, u_lo) rebuilt from u in units of 2^-24: one int32 per sample.
-  return (ids, (cols[1] << 12) | cols[2]), invalid
+  buckets = _sweep.bucket_ids(confidences, _sweep.sorted_thresholds(thresholds)[1])
+  if correct.dtype == jnp.bool_:
+    return (buckets, _pack(confidences, correct)), invalid
+  return (buckets, confidences, correct), invalid
 
 
-def _sweep_metrics(thresholds, invalid, graded: bool, n: int, normalize: str) -> Callable:
-  """The sweep of one (resampled) ``per_sample`` pair, from its exact bucket sums."""
-  num_t = thresholds.shape[0]
-  order, _ = _sweep.sorted_thresholds(thresholds)
-  num_segments = _stats.segments_per_bucket(graded) * (num_t + 1)
-  if graded:
-    columns_fn = lambda i, x: (i, x.T)  # noqa: E731
-  else:
-    columns_fn = lambda i, u: (i, jnp.stack([jnp.ones_like(u), u >> 12, u & 4095]))  # noqa: E731
-  # One scatter over the whole resample when it fits (measured 1.3x faster at n = 1e5 than
-  # 2^16-sample chunks); 4096 * chunk must stay below 2^31.
-  chunk = min(n, 1 << 19)
+def _sweep_metrics(thresholds, invalid, normalize: str) -> Callable:
+  """The sweep of one (resampled) ``per_sample`` tuple: the sweep's own bucket-and-sum
+  pipeline from the known buckets, without the value checks (done once for all data)."""
+  order, sorted_t = _sweep.sorted_thresholds(thresholds)
 
-  def metrics(*arrays):
-    hi, lo = _exact.segment_sums(columns_fn, arrays, num_segments, chunk_size=chunk)
-    result = _sweep.result_from_bucket_sums(hi.reshape(num_t + 1, -1), lo.reshape(num_t + 1, -1),
-                                            thresholds, order, invalid)
+  def metrics(buckets, *arrays):
+    c, k = _unpack(arrays[0]) if len(arrays) == 1 else arrays
+    hi, lo = _sweep.bucket_sums(c, k, sorted_t, buckets=buckets)
+    result = _sweep.result_from_bucket_sums(hi, lo, thresholds, order, invalid)
     return _stats.renormalize(result, normalize)  # per resample, before the quantiles
 
   return metrics
@@ -619,8 +621,7 @@ def _sweep_metrics(thresholds, invalid, graded: bool, n: int, normalize: str) ->
 def _sweep_ci_jit(confidences, correct, thresholds, key, level, num_resamples, chunk_size,
                   normalize):
   per_sample, invalid = _sweep_per_sample(confidences, correct, thresholds)
-  metrics = _sweep_metrics(thresholds, invalid, correct.dtype != jnp.bool_,
-                           confidences.shape[0], normalize)
+  metrics = _sweep_metrics(thresholds, invalid, normalize)
   estimate = metrics(*per_sample)
   samples = _map_resamples(metrics, per_sample, key, num_resamples, chunk_size)
   return BootstrapResult(estimate, *_percentiles(samples, level))
@@ -629,15 +630,13 @@ def _sweep_ci_jit(confidences, correct, thresholds, key, level, num_resamples, c
 @functools.partial(jax.jit, static_argnames=("normalize",))
 def _sweep_estimate_jit(confidences, correct, thresholds, normalize):
   per_sample, invalid = _sweep_per_sample(confidences, correct, thresholds)
-  metrics = _sweep_metrics(thresholds, invalid, correct.dtype != jnp.bool_,
-                           confidences.shape[0], normalize)
+  metrics = _sweep_metrics(thresholds, invalid, normalize)
   return metrics(*per_sample), per_sample, invalid
 
 
-@functools.partial(jax.jit, static_argnames=("graded", "normalize", "size", "num_chunks"))
-def _sweep_block_jit(per_sample, invalid, thresholds, key, start, graded, normalize, size,
-                     num_chunks):
-  metrics = _sweep_metrics(thresholds, invalid, graded, per_sample[0].shape[0], normalize)
+@functools.partial(jax.jit, static_argnames=("normalize", "size", "num_chunks"))
+def _sweep_block_jit(per_sample, invalid, thresholds, key, start, normalize, size, num_chunks):
+  metrics = _sweep_metrics(thresholds, invalid, normalize)
   return _map_block(metrics, per_sample, key, start, size, num_chunks)
 
 
@@ -648,11 +647,12 @@ def bootstrap_sweep(confidences, correct, thresholds, *, key, num_resamples: int
 
   The same resamples and the same interval as
   ``bootstrap_ci(lambda c, k: sweep(c, k, thresholds), ...)`` for the same
-  ``key``, but each sample's threshold bucket is found once, not once per
-  resample: a resample gathers one precomputed int32 per sample (its bucket
-  segment and ``1 - c`` in units of 2^-24) and sums them exactly. The
-  per-resample sums are the same exact integers, so the resampled values
-  agree with the generic path to float32 rounding of the final divisions.
+  ``key``, but the inputs are checked once, not once per resample, and a
+  resample gathers one packed int32 per draw (boolean correctness rides in
+  the sign bit of the confidence) before the sweep's own bucket-and-sum
+  pipeline (``_sweep.bucket_sums``). The per-resample sums are the same exact
+  integers, so the resampled values agree with the generic path to float32
+  rounding of the final divisions.
 
   Args:
     confidences, correct, key, num_resamples, level, chunk_size: as in
@@ -684,10 +684,9 @@ def bootstrap_sweep(confidences, correct, thresholds, *, key, num_resamples: int
   if _traced(c, k, t, key, level):
     return _sweep_ci_jit(c, k, t, key, jnp.float32(level), num_resamples, chunk_size, normalize)
   estimate, per_sample, invalid = _sweep_estimate_jit(c, k, t, normalize)
-  graded = k.dtype != jnp.bool_
   samples = _run_blocks(
-      lambda start, size, chunks: _sweep_block_jit(per_sample, invalid, t, key, start, graded,
-                                                   normalize, size, chunks),
+      lambda start, size, chunks: _sweep_block_jit(per_sample, invalid, t, key, start, normalize,
+                                                   size, chunks),
       num_resamples, chunk_size, c.shape[0])
   return BootstrapResult(estimate, *_interval_jit(samples, jnp.float32(level)))
 
@@ -696,19 +695,22 @@ def bootstrap_sweep(confidences, correct, thresholds, *, key, num_resamples: int
 #
 # Each resample is evaluated in two parts that share nothing with a sort:
 #
-# * the sweep and the equal-width calibration bins are sums over buckets of
-#   the merged grid (the thresholds and the bin edges): the resample's
-#   confidences and correctness are gathered as one packed int32 per draw
-#   (the correctness in the sign bit of the confidence's bit pattern) and
-#   summed by the sweep's own pipeline (``_sweep.bucket_sums``); the retained
-#   set of each threshold and each bin is then a range of buckets;
-# * AURC, AUGRC and E-AURC need the samples in confidence order: the samples
-#   are sorted once, and resample b is the vector of multiplicities
-#   m_i = #{j : i_bj = i} over that order (a count of its indices). The
-#   risk-coverage points are at the tie-group ends, at K = the prefix sum of
-#   m and E = the prefix sum of m (1 - kappa): one sequential pass, no sort.
+# * the samples are sorted once by decreasing confidence, and resample b is
+#   the vector of multiplicities m_i = #{j : i_bj = i} over that order (a
+#   count of its indices);
+# * the sweep and the equal-width calibration bins are sums over the buckets
+#   of the merged grid of thresholds and bin edges: each sample's bucket is
+#   found once (``_sweep.bucket_ids``), and a resample's exact bucket sums
+#   (the sweep's binary layout) are sums of m and of m times the digits of
+#   1 - c, in streaming order; the retained set of each threshold and each
+#   bin is then a range of buckets;
+# * the risk-coverage points of the resample are at the tie-group ends, at
+#   K = the prefix sum of m and E = the prefix sum of m (1 - kappa): one
+#   sequential pass, no sort.
 
 _SCAN_BLOCK = 1024
+_DIGIT_BITS = 6
+_MAX_EVALUATION_N = 1 << 25  # 63 n < 2^31: the digit sums stay exact int32
 
 
 class EvaluationMetrics(NamedTuple):
@@ -725,18 +727,19 @@ class EvaluationMetrics(NamedTuple):
 
 
 class _Evaluation(NamedTuple):
-  """The data of one evaluation bootstrap, prepared once."""
-  packed: jax.Array        # [n] int32: bit pattern of c, correct in the sign bit (input order)
-  rank: jax.Array | None   # [n] sorted position of sample i (None: the input is sorted)
-  correct: jax.Array       # [n] bool, sorted order
-  group_end: jax.Array     # [n] bool, sorted order: last sample of its tie group
-  grid: jax.Array          # [G] merged sorted grid of thresholds and interior bin edges
+  """The data of one evaluation bootstrap, prepared once (per sample: in sorted order)."""
+  rank: jax.Array | None   # [n] sorted position of input sample i (None: the input is sorted)
+  segment: jax.Array       # [n] 2 (bucket of the merged grid) + correct
+  digits: jax.Array        # [4, n] 6-bit digits of the binary layout's columns u_hi, u_lo
+  correct: jax.Array       # [n] bool
+  group_end: jax.Array     # [n] bool: last sample of its tie group
   retained: jax.Array      # [T] bucket where the retained set of each sorted threshold starts
   bins: jax.Array          # [B + 1] bucket where each bin starts (and G + 1)
 
 
 class _Plan(NamedTuple):
   """Static choices of one evaluation bootstrap."""
+  num_buckets: int  # of the merged grid of thresholds and bin edges
   num_thresholds: int
   num_bins: int
   ece_norm: str
@@ -757,28 +760,56 @@ def _harmonic_tail(n: int) -> np.ndarray:
   return np.concatenate([np.cumsum(inverse[::-1])[::-1], [0.0]]).astype(np.float32)
 
 
-def _unpack(packed: jax.Array) -> tuple[jax.Array, jax.Array]:
-  return lax.bitcast_convert_type(packed & 0x7FFFFFFF, jnp.float32), packed < 0
+@jax.jit
+def _buckets_and_digits(confidences: jax.Array, grid: jax.Array):
+  """Each sample's bucket of ``grid`` and the [4, n] 6-bit digits (int8) of the binary
+  layout's 12-bit columns (u_hi, u_lo) of 1 - c."""
+  u_hi, u_lo = _exact.grid_columns(1.0 - jnp.clip(confidences, 0.0, 1.0))
+  mask = (1 << _DIGIT_BITS) - 1
+  digits = jnp.stack([u_hi >> _DIGIT_BITS, u_hi & mask, u_lo >> _DIGIT_BITS, u_lo & mask])
+  return _sweep.bucket_ids(confidences, grid), digits.astype(jnp.int8)
 
 
-def _sweep_and_calibration(confidences, correct, data: _Evaluation, thresholds, order, plan):
-  """The sweep and the ECE of samples [n], from one pass of the sweep's pipeline."""
-  hi, lo = _sweep.suffix_sums(*_sweep.bucket_sums(confidences, correct, data.grid))  # [G + 1, 6]
+def _weighted_bucket_sums(m: jax.Array, data: _Evaluation, num_buckets: int):
+  """Exact per-bucket sums (hi, lo) [G + 1, 6] (the sweep's binary layout) of the resample
+  with multiplicities ``m``: sums of m and of m times the 6-bit digits, per segment.
+
+  Every chunk sum is at most 63 n (the digits are below 64 and the multiplicities add
+  up to n), an exact int32 for n < 2^25; two digits d, d' give the column 64 d + d'.
+  """
+  def columns_fn(segment, mi, *digits):
+    return segment, jnp.stack([mi] + [mi * d.astype(jnp.int32) for d in digits])
+
+  hi, lo = _exact.segment_sums(columns_fn, [data.segment, m, *data.digits], 2 * num_buckets)
+
+  def column(j):  # 64 d_j + d_{j+1}, exactly, as (hi, lo)
+    low = (lo[:, j] << _DIGIT_BITS) + lo[:, j + 1]  # < 2^19
+    return _exact.canonical((hi[:, j] << _DIGIT_BITS) + hi[:, j + 1] + (low >> 12), low & 4095)
+
+  count, u_hi, u_lo = (hi[:, 0], lo[:, 0]), column(1), column(3)
+  # [2 (G + 1) segments, 3 columns] -> [G + 1 buckets, 6]
+  return (jnp.stack([count[0], u_hi[0], u_lo[0]], -1).reshape(num_buckets, -1),
+          jnp.stack([count[1], u_hi[1], u_lo[1]], -1).reshape(num_buckets, -1))
+
+
+def _sweep_and_calibration(m, data: _Evaluation, thresholds, order, plan):
+  """The sweep and the ECE of the resample with multiplicities ``m`` (sorted order)."""
+  hi, lo = _sweep.suffix_sums(*_weighted_bucket_sums(m, data, plan.num_buckets))  # [G + 1, 6]
   hi = jnp.concatenate([hi, jnp.zeros_like(hi[:1])])  # suffix from G + 1: nothing
   lo = jnp.concatenate([lo, jnp.zeros_like(lo[:1])])
   out = {}
-  n = confidences.shape[0]
-  out["accuracy"] = (hi[0, 3] * 4096 + lo[0, 3]).astype(jnp.float32) / n
   rows = jnp.concatenate([jnp.zeros((1,), jnp.int32), data.retained])  # entry 0: everything
   sums = _stats.sums_from_columns(_exact.to_float(hi[rows], lo[rows]), False)
+  out["accuracy"] = sums.correct[0] / m.shape[0]  # an exact count below 2^24
   result = _stats.renormalize(
       _sweep.result_from_sums(sums, thresholds, order, jnp.zeros((), bool)), plan.normalize)
   out.update({f: getattr(result, f) for f in _sweep.METRIC_FIELDS})
   start_hi, start_lo = hi[data.bins], lo[data.bins]
   bin_hi, bin_lo = _exact.canonical(start_hi[:-1] - start_hi[1:], start_lo[:-1] - start_lo[1:])
-  # [B, 6] -> [2B, 3]: segment 2 bin + correct, as the calibration pipeline's binary layout.
+  # Per bin -> per segment (2 bin + correct), the calibration pipeline's binary layout.
+  width = len(_stats.BINARY_COLUMNS)
   totals = _stats.calibration_totals(*_stats.calibration_canonical(
-      bin_hi.reshape(-1, 3), bin_lo.reshape(-1, 3), False))
+      bin_hi.reshape(-1, width), bin_lo.reshape(-1, width), False))
   out["ece"] = _calibration.error_from_totals(totals, plan.ece_norm)
   return out
 
@@ -842,14 +873,17 @@ def _areas(m, data: _Evaluation, harmonic, convention: str):
 
 
 def _prepare_evaluation(confidences: np.ndarray, correct: np.ndarray,
-                        sorted_thresholds: np.ndarray, num_bins: int) -> _Evaluation:
-  """The one sort (on the host), the merged grid and its read positions."""
+                        sorted_thresholds: np.ndarray, num_bins: int) -> tuple[_Evaluation, int]:
+  """The one sort (on the host), each sample's bucket of the merged grid of thresholds and
+  bin edges, and the buckets where the retained sets and the bins start."""
   n = confidences.shape[0]
   bits = confidences.view(np.int32) & np.int32(0x7FFFFFFF)  # orders like the value
   order = np.argsort(-bits, kind="stable")
-  sorted_bits = bits[order]
+  c = confidences[order]
   edges = np.asarray(_calibration.width_edges(num_bins))[1:-1]
   grid = np.unique(np.concatenate([sorted_thresholds, edges]).astype(np.float32))
+  bucket, digits = _buckets_and_digits(jnp.asarray(c), jnp.asarray(grid))
+  bucket = np.asarray(bucket)
   # Bucket b holds the samples with b grid values <= c: c >= g_j is bucket j + 1 and above.
   retained = np.searchsorted(grid, sorted_thresholds) + 1
   bins = np.concatenate([[0], np.searchsorted(grid, edges) + 1, [grid.shape[0] + 1]])
@@ -857,34 +891,38 @@ def _prepare_evaluation(confidences: np.ndarray, correct: np.ndarray,
   if not np.array_equal(order, np.arange(n)):
     rank = np.empty(n, np.int32)
     rank[order] = np.arange(n, dtype=np.int32)
-  return _Evaluation(
-      packed=jnp.asarray(bits | (correct.astype(np.int32) << 31)),
+  sorted_bits = bits[order]
+  data = _Evaluation(
       rank=None if rank is None else jnp.asarray(rank),
+      segment=jnp.asarray((2 * bucket + correct[order]).astype(np.int32)),
+      digits=digits,
       correct=jnp.asarray(correct[order]),
       group_end=jnp.asarray(np.append(sorted_bits[1:] != sorted_bits[:-1], True)),
-      grid=jnp.asarray(grid), retained=jnp.asarray(retained.astype(np.int32)),
-      bins=jnp.asarray(bins.astype(np.int32)))
+      retained=jnp.asarray(retained.astype(np.int32)), bins=jnp.asarray(bins.astype(np.int32)))
+  return data, grid.shape[0] + 1
+
+
+def _evaluate(m, data, thresholds, order, harmonic, plan):
+  out = _sweep_and_calibration(m, data, thresholds, order, plan)
+  out.update(_areas(m, data, harmonic, plan.convention))
+  return out
 
 
 @functools.partial(jax.jit, static_argnames=("plan",))
 def _evaluation_estimate_jit(data, thresholds, order, harmonic, plan):
-  c, k = _unpack(data.packed)
-  out = _sweep_and_calibration(c, k, data, thresholds, order, plan)
-  out.update(_areas(jnp.ones(c.shape, jnp.int32), data, harmonic, plan.convention))
-  return out
+  m = jnp.ones(data.correct.shape, jnp.int32)
+  return _evaluate(m, data, thresholds, order, harmonic, plan)
 
 
 @functools.partial(jax.jit, static_argnames=("plan", "num_chunks"))
 def _evaluation_block_jit(data, thresholds, order, harmonic, key, start, plan, num_chunks):
-  n = data.packed.shape[0]
+  n = data.correct.shape[0]
 
   def one(b):
     idx = _indices_from_seed(_seed(key, b), n)
-    out = _sweep_and_calibration(*_unpack(data.packed[idx]), data, thresholds, order, plan)
     position = idx if data.rank is None else data.rank[idx]
     m = jnp.zeros((n,), jnp.int32).at[position].add(1, mode="promise_in_bounds")
-    out.update(_areas(m, data, harmonic, plan.convention))
-    return out
+    return _evaluate(m, data, thresholds, order, harmonic, plan)
 
   return lax.map(one, start + jnp.arange(num_chunks, dtype=jnp.uint32))
 
@@ -935,18 +973,21 @@ def bootstrap_evaluation(confidences, correct, thresholds, *, key, num_resamples
   if k.dtype != jnp.bool_:
     raise ValueError("bootstrap_evaluation needs boolean (0/1) correctness")
   n = c.shape[0]
+  if n >= _MAX_EVALUATION_N:
+    raise ValueError(f"bootstrap_evaluation takes n < {_MAX_EVALUATION_N} samples, got {n}: "
+                     "use bootstrap_ci")
   t = _validation.as_thresholds(thresholds)
   key, num_resamples, _ = _check_common(key, num_resamples, 1, n)
   level = _check_level(level)
   order, sorted_t = _sweep.sorted_thresholds(t)
-  data = _prepare_evaluation(np.asarray(c, np.float32), np.asarray(k), np.asarray(sorted_t),
-                             num_bins)
+  data, num_buckets = _prepare_evaluation(np.asarray(c, np.float32), np.asarray(k),
+                                          np.asarray(sorted_t), num_bins)
   harmonic = jnp.asarray(_harmonic_tail(n) if aurc_convention == "step" else np.zeros(1))
-  plan = _Plan(t.shape[0], num_bins, ece_norm, aurc_convention, normalize)
+  plan = _Plan(num_buckets, t.shape[0], num_bins, ece_norm, aurc_convention, normalize)
   estimate = EvaluationMetrics(**_evaluation_estimate_jit(data, t, order, harmonic, plan))
   samples = _run_blocks(
       lambda start, size, chunks: _evaluation_block_jit(data, t, order, harmonic, key, start, plan,
                                                         chunks),
-      num_resamples, 1, n)
+      num_resamples, 1, n, block_elements=EVALUATION_BLOCK_ELEMENTS)
   low, high = _interval_jit(samples, jnp.float32(level))
   return BootstrapResult(estimate, EvaluationMetrics(**low), EvaluationMetrics(**high))

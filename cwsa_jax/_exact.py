@@ -16,10 +16,9 @@ Instead every value ``x`` in [0, 1] is written as base-256 digits
 which is exact for ``1 - c`` with three digits (for a float32 ``c`` the value
 ``1 - c`` is a multiple of 2^-24) and truncates below 2^-32 with four digits.
 The digits (base 256, or base 4096 for ``1 - c`` in the binary layout) are
-summed as int32 in chunks of 2^16 samples (so a chunk sum stays below 2^28;
-small chunks also keep their buffers in the L2 cache) and carried between
-chunks as a (high, low) pair of
-int32 with base 2^12. Every sum is therefore an exact integer until the last
+summed as int32 in chunks of at most 2^18 samples (so a chunk sum stays below
+2^30; a chunk's buffers stay in the cache) and carried between chunks as a
+(high, low) pair of int32 with base 2^12. Every sum is therefore an exact integer until the last
 step, where it is converted to float32 once (relative error <= 2^-23).
 
 The column layouts (which digits of which quantity, in which segment) live
@@ -220,7 +219,8 @@ def canonical(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
 def suffix_sums(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Exact reverse cumulative sums along axis 0: out[b] = sum_{b' >= b} in[b']."""
   hi, lo = _normalize(hi, lo)
-  rev = lambda x: jnp.flip(jnp.cumsum(jnp.flip(x, 0), axis=0), 0)
+  # A parallel prefix scan: XLA:CPU runs jnp.cumsum as a much slower windowed reduction.
+  rev = lambda x: jax.lax.associative_scan(jnp.add, x, reverse=True, axis=0)  # noqa: E731
   return _normalize(rev(hi), rev(lo))
 
 

@@ -40,8 +40,8 @@ def _group_segments(confidences, correct, groups, sorted_thresholds, *, num_grou
   return ids, (num_groups, num_buckets), 0
 
 
-@functools.partial(jax.jit, static_argnames=("num_groups",))
-def _sweep_by_group_1d(confidences, correct, groups, thresholds, *, num_groups):
+@functools.partial(jax.jit, static_argnames=("num_groups", "normalize"))
+def _sweep_by_group_1d(confidences, correct, groups, thresholds, *, num_groups, normalize):
   num_thresholds = thresholds.shape[0]
   order, sorted_thresholds = _sweep.sorted_thresholds(thresholds)
   # Exact sums; their derivative in c (and kappa) is the float sum over each retained set.
@@ -60,7 +60,7 @@ def _sweep_by_group_1d(confidences, correct, groups, thresholds, *, num_groups):
   # A group with no samples has nothing to measure: NaN (not an input error).
   fields = [jnp.where(nonempty[:, None], m[:, inverse], jnp.nan) for m in metrics]
   fields = _validation.poison(fields, items=_validation.bad_threshold(thresholds))
-  return SweepResult(thresholds, *fields)
+  return _stats.renormalize(SweepResult(thresholds, *fields), normalize)
 
 
 def sweep_by_group(confidences, correct, groups, thresholds, *, num_groups: int,
@@ -136,10 +136,12 @@ def _sweep_by_group(confidences, correct, groups, thresholds, *, num_groups: int
   _validation.check_same_leading_shape(confidences, groups, "confidences", "groups")
   if group_flag is not None:
     rows = _validation.either(rows, jnp.any(group_flag, axis=-1))
-  fn = functools.partial(_sweep_by_group_1d, num_groups=num_groups)
+  fn = functools.partial(_sweep_by_group_1d, num_groups=num_groups, normalize=normalize)
   for _ in range(confidences.ndim - 1):
     fn = jax.vmap(fn, in_axes=(0, 0, 0, None))
-  result = _stats.renormalize(fn(confidences, correct, groups, thresholds), normalize)
+  result = fn(confidences, correct, groups, thresholds)
+  if rows is None:
+    return result
   return SweepResult(result.thresholds, *_validation.poison(tuple(result[1:]), rows=rows))
 
 

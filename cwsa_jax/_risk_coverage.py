@@ -162,39 +162,34 @@ def _float_key(c: jax.Array) -> jax.Array:
 # graded losses).
 
 _CHUNK_SIZE = 1 << 14  # CPU: slots per chunk
+_RUNNING_CHUNK_SIZE = 1 << 17  # ... when only the running loss is scanned (no tie groups)
 _PAD_KEY = -(2**30 - 1)  # key of the padding slots: below every confidence key
 _NO_KEY = -(2**31)  # the "previous key" of slot 1: differs from every key
 
 
-def _layout(n: int, sequential: bool) -> tuple[int, int]:
+def _layout(n: int, sequential: bool, groups: bool = True) -> tuple[int, int]:
   """(chunk size, number of slots): at least n + 1 slots, a whole number of chunks."""
   if not sequential:
     return n + 1, n + 1
-  chunk = min(_CHUNK_SIZE, n + 1)
+  chunk = min(_CHUNK_SIZE if groups else _RUNNING_CHUNK_SIZE, n + 1)
   return chunk, -(-(n + 1) // chunk) * chunk
 
 
 def _sorted_outcomes(c: jax.Array, correct: jax.Array, *, keep_input_order: bool, length: int):
   """Confidence keys and losses [length] in decreasing confidence order, then padding.
 
-  Three paths:
+  Two paths (boolean "published_code" has its own, ``_published_binary``):
   * boolean correctness: one int32 sort of ``-(confidence bits << 1 | error)``
     (the bits of a float32 in [0, 1] order like its value), both outputs from
     the sorted keys, no gather;
-  * boolean correctness with ``keep_input_order`` ("published_code", which
-    reads no tie groups): the errors in stable order (ties keep their input
-    order) from one sort of keys packed with the input position and the
-    error; the keys are not returned (None);
   * graded correctness: one stable sort of the keys that also returns each
     sample's input position, and a gather of the losses (differentiable in
-    kappa; stable, which "published_code" needs).
+    kappa; stable, which ``keep_input_order`` needs: ties keep their input order).
   Padding: key ``_PAD_KEY``, loss 0.
   """
   key = _float_key(c)
-  if correct.dtype == jnp.bool_:
+  if correct.dtype == jnp.bool_ and not keep_input_order:
     error = jnp.logical_not(correct).astype(jnp.int32)
-    if keep_input_order:  # the convention reads no tie groups: losses only
-      return None, _sort.stable_sort_flags(-key, error, length=length)
     neg = _sort.sort(-((key << 1) | error), length=length, fill=-2 * _PAD_KEY)
     return (-neg) >> 1, (-neg) & 1
   loss = 1.0 - correct.astype(jnp.float32)
@@ -233,21 +228,26 @@ class _Carry(NamedTuple):
 def _scan_sequential(keys: jax.Array, losses: jax.Array, carry: _Carry):
   """One chunk as a sequential loop; float losses are summed with Kahan compensation."""
   graded = losses.dtype != jnp.int32
+  # The key comparisons are vectorized; the loop carries only what depends on
+  # the previous sample.
+  prev_key = jnp.concatenate([carry.key[None], keys[:-1]])
+  new = keys != prev_key
 
   def step(c: _Carry, x):
-    key, loss = x
-    new = key != c.key
+    is_new, loss = x
     if graded:
       y = loss - c.compensation
       cum = c.cum + y
       compensation = (cum - c.cum) - y
     else:
       cum, compensation = c.cum + loss, c.compensation
-    out = (new, c.key, c.cum, c.start, c.before, c.groups)
-    return _Carry(cum, compensation, jnp.where(new, c.k, c.start), jnp.where(new, c.cum, c.before),
-                  key, c.k + 1, c.groups + new.astype(jnp.int32)), out
+    out = (c.cum, c.start, c.before, c.groups)
+    return _Carry(cum, compensation, jnp.where(is_new, c.k, c.start),
+                  jnp.where(is_new, c.cum, c.before), c.key, c.k + 1,
+                  c.groups + is_new.astype(jnp.int32)), out
 
-  return lax.scan(step, carry, (keys, losses), unroll=8)
+  carry, (cum, start, before, groups) = lax.scan(step, carry, (new, losses), unroll=8)
+  return carry._replace(key=keys[-1]), (new, prev_key, cum, start, before, groups)
 
 
 def _scan_parallel(keys: jax.Array, losses: jax.Array, carry: _Carry):
@@ -272,8 +272,6 @@ def _scan_parallel(keys: jax.Array, losses: jax.Array, carry: _Carry):
 def _scan_groups(keys: jax.Array, losses: jax.Array, reduce, init, *, chunk: int,
                  sequential: bool):
   """Folds ``reduce(acc, slots, chunk_index)`` over the tie-group scan of sorted outcomes."""
-  if keys is None:  # no tie groups needed
-    keys = jnp.zeros(losses.shape, jnp.int32)
   zero = jnp.zeros((), losses.dtype)
   one = jnp.ones((), jnp.int32)
   carry = _Carry(zero, zero, one, zero, jnp.asarray(_NO_KEY, jnp.int32), one, 0 * one)
@@ -286,7 +284,7 @@ def _scan_groups(keys: jax.Array, losses: jax.Array, reduce, init, *, chunk: int
     carry, out = scan(slice_(keys), slice_(losses), carry)
     return carry, reduce(acc, _Slots(k, *out), i)
 
-  num_chunks = keys.shape[0] // chunk
+  num_chunks = losses.shape[0] // chunk
   if num_chunks == 1:
     return body(0, (carry, init))[1]
   return lax.fori_loop(0, num_chunks, body, (carry, init))[1]
@@ -338,6 +336,35 @@ def _oracle_terms(s: _Slots, n: int, num_correct: jax.Array, convention: str) ->
   return jnp.where((end >= 1) & (end <= n), risk, jnp.float32(0.0))
 
 
+def _published_binary(c, correct, *, with_eaurc):
+  """AURC, AUGRC and E-AURC, "published_code" convention, boolean correctness.
+
+  No tie groups: one stable sort gives the running error count E_p at every
+  position (``_sort.stable_flag_counts``; on CPU NumPy counts them right after
+  sorting), and the areas are one fused weighted sum over positions.
+  """
+  n = c.shape[0]
+  error = jnp.logical_not(correct).astype(jnp.int32)
+  cum = _sort.stable_flag_counts(-_float_key(c), error)  # E_p, p = 1..n
+  positionf = (lax.iota(jnp.int32, n) + 1).astype(jnp.float32)
+
+  def trapezoid(cumf):  # sum_p w_p E_p / p and sum_p w_p E_p, w = 1 but 1/2 at p = 1 and p = n
+    ends = lambda x: jnp.where(n > 1, 0.5 * (x[0] + x[-1]), x[0])
+    return jnp.sum(cumf / positionf) - ends(cumf / positionf), jnp.sum(cumf) - ends(cumf)
+
+  risk_sum, cum_sum = trapezoid(cum.astype(jnp.float32))
+  aurc_value, augrc_value = risk_sum / n, cum_sum / n / n
+  if not with_eaurc:
+    return RiskCoverageSummary(aurc_value, augrc_value, jnp.float32(jnp.nan))
+  num_errors = cum[n - 1]
+  m = n - num_errors  # number of correct samples
+  oracle = trapezoid(jnp.maximum(positionf - m.astype(jnp.float32), 0.0))[0] / n
+  errors_first_m = jnp.where(m > 0, cum[jnp.maximum(m - 1, 0)], 0)
+  trivial = (num_errors == 0) | (num_errors == n) | (errors_first_m == 0)
+  eaurc_value = jnp.where(trivial, jnp.float32(0.0), jnp.maximum(aurc_value - oracle, 0.0))
+  return RiskCoverageSummary(aurc_value, augrc_value, eaurc_value)
+
+
 def _summary_kernel(c, correct, *, convention, sequential, with_eaurc):
   """AURC, AUGRC and (binary correctness, ``with_eaurc``) E-AURC of one row.
 
@@ -346,8 +373,10 @@ def _summary_kernel(c, correct, *, convention, sequential, with_eaurc):
   m = #correct positions; for "step" every error its own tie group, for
   "trapezoid" all errors one tie group starting at m + 1).
   """
+  if convention == "published_code" and correct.dtype == jnp.bool_:
+    return _published_binary(c, correct, with_eaurc=with_eaurc)
   n = c.shape[0]
-  chunk, length = _layout(n, sequential)
+  chunk, length = _layout(n, sequential, groups=convention != "published_code")
   keys, losses = _sorted_outcomes(c, correct, keep_input_order=convention == "published_code",
                                   length=length)
   with_eaurc = with_eaurc and correct.dtype == jnp.bool_
@@ -570,12 +599,12 @@ def _curve_kernel(c, correct, *, sequential):
   chunk, length = _layout(n, sequential)
   keys, losses = _sorted_outcomes(c, correct, keep_input_order=False, length=length)
 
-  # The groups a chunk closes are compacted in a chunk-sized buffer (a scatter
-  # in cache), then written as one contiguous block after those of the earlier
-  # chunks (an in-place dynamic-update-slice; the buffers have a chunk of
-  # slack at the end, overwritten by later chunks or cut off).
+  # The ends and losses of the groups a chunk closes are compacted in a
+  # chunk-sized buffer (a scatter in cache), then written as one contiguous
+  # block after those of the earlier chunks (an in-place dynamic-update-slice;
+  # the buffers have a chunk of slack at the end, overwritten or cut off).
   def reduce(acc, s, i):
-    ends, cums, group_keys, count = acc
+    ends, cums, count = acc
     closes = _closes(s, n)
     local = jnp.where(closes, s.groups - 1 - count, chunk)  # chunk: out of range, dropped
 
@@ -583,21 +612,23 @@ def _curve_kernel(c, correct, *, sequential):
       block = jnp.zeros((chunk,), buffer.dtype).at[local].set(values, mode="drop")
       return lax.dynamic_update_slice_in_dim(buffer, block, count, 0)
 
-    return (put(ends, s.k - 1), put(cums, s.cum), put(group_keys, s.key),
-            count + jnp.sum(closes.astype(jnp.int32)))
+    return put(ends, s.k - 1), put(cums, s.cum), count + jnp.sum(closes.astype(jnp.int32))
 
   size = n + chunk
-  init = (jnp.zeros((size,), jnp.int32), jnp.zeros((size,), losses.dtype),
-          jnp.zeros((size,), jnp.int32), jnp.zeros((), jnp.int32))
-  ends, cums, group_keys, num_points = _scan_groups(keys, losses, reduce, init, chunk=chunk,
-                                                    sequential=sequential)
-  ends, cums, group_keys = ends[:n], cums[:n], group_keys[:n]
-  cumf = cums.astype(jnp.float32)
-  endf = jnp.maximum(ends, 1).astype(jnp.float32)
-  values = (lax.bitcast_convert_type(group_keys, jnp.float32), ends.astype(jnp.float32) / n,
-            cumf / endf, cumf / n)
+  init = (jnp.zeros((size,), jnp.int32), jnp.zeros((size,), losses.dtype), jnp.zeros((), jnp.int32))
+  ends, cums, num_points = _scan_groups(keys, losses, reduce, init, chunk=chunk,
+                                        sequential=sequential)
+
+  def point(end, cum, key):
+    cumf, endf = cum.astype(jnp.float32), end.astype(jnp.float32)
+    return (lax.bitcast_convert_type(key, jnp.float32), endf / n, cumf / endf, cumf / n)
+
+  # Group g ends at position ends[g] (1-based); the padding repeats the last
+  # group, which always ends at n.
+  end = jnp.maximum(ends[:n], 1)
   real = lax.iota(jnp.int32, n) < num_points
-  out = tuple(jnp.where(real, v, v[num_points - 1]) for v in values)  # pad with the last point
+  last = point(jnp.int32(n), cums[num_points - 1], keys[n - 1])
+  out = tuple(jnp.where(real, v, w) for v, w in zip(point(end, cums[:n], keys[end - 1]), last))
   thresholds = _group_confidences(out[0], c, num_points)
   return RiskCoverageCurve(thresholds, *out[1:], num_points=num_points)
 

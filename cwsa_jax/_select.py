@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from cwsa_jax import _validation
@@ -21,6 +24,12 @@ class ThresholdChoice(NamedTuple):
   coverage: float
   selective_risk: float
   value: float
+
+
+@functools.lru_cache(maxsize=None)
+def _default_grid() -> jax.Array:
+  """:func:`default_thresholds` on the device, made once."""
+  return jnp.asarray(default_thresholds())
 
 
 def _check_fraction(x, name: str) -> float | None:
@@ -98,8 +107,8 @@ def select_threshold(confidences, correct, *, metric: str = "cwsa", min_coverage
   if confidences.ndim != 1:
     raise ValueError(f"confidences must be 1-D [n], got shape {confidences.shape}")
   if thresholds is None:
-    thresholds = default_thresholds()
-  result = sweep(confidences, correct, thresholds)
+    thresholds = _default_grid()
+  result = jax.device_get(sweep(confidences, correct, thresholds))  # one transfer
   tau = np.asarray(result.thresholds, np.float32)
   cov = np.asarray(result.coverage, np.float64)
   risk = 1.0 - np.asarray(result.selective_accuracy, np.float64)

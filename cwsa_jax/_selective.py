@@ -39,6 +39,7 @@ relaxed, informative one); selective accuracy is linear in graded kappa.
 
 from __future__ import annotations
 
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -63,13 +64,13 @@ def _retained_segments(confidences, correct, tau):
   return (confidences >= tau).astype(jnp.int32), (2,), 1
 
 
-@jax.jit
-def _metrics_1d(confidences, correct, tau):
+@functools.partial(jax.jit, static_argnames=("normalize",))
+def _metrics_1d(confidences, correct, tau, normalize="retained"):
   n = confidences.shape[0]
   # Exact sums; their derivative in c (and kappa) is the float sum over S (see _stats).
   sums = _stats.exact_sums(_retained_exact, _retained_segments, confidences, correct, tau)
   metrics = _stats.metrics_from_sums(sums, tau, n)
-  return _stats.Metrics(*(m[0] for m in metrics))
+  return _stats.renormalize(_stats.Metrics(*(m[0] for m in metrics)), normalize)
 
 
 def _metrics(confidences, correct, tau, normalize: str = "retained") -> _stats.Metrics:
@@ -82,11 +83,10 @@ def _metrics(confidences, correct, tau, normalize: str = "retained") -> _stats.M
 def _checked_metrics(confidences, correct, tau, *, normalize: str) -> _stats.Metrics:
   confidences, correct, tau, rows, tau_flag = _validation.prepare_at_threshold(
       confidences, correct, tau, hint="; use sweep() for many thresholds")
-  fn = _metrics_1d
+  fn = functools.partial(_metrics_1d, normalize=normalize)
   for _ in range(confidences.ndim - 1):
     fn = jax.vmap(fn, in_axes=(0, 0, None))
-  metrics = _stats.renormalize(fn(confidences, correct, tau), normalize)
-  return _validation.poison(metrics, rows=rows, items=tau_flag)
+  return _validation.poison(fn(confidences, correct, tau), rows=rows, items=tau_flag)
 
 
 # Traced samples: the value checks become flags, compiled with the kernel (see sweep).

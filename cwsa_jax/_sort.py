@@ -111,25 +111,29 @@ def sort(keys: jax.Array, *, length: int | None = None, fill: int = 0) -> jax.Ar
   return _per_backend(_host_sort, _device_sort, keys, length=length, fill=fill)
 
 
-def _packed_with_positions(keys: np.ndarray, shift: int) -> np.ndarray:
-  """int64 ``keys << 32 | position << shift``: unique, ordered by key then input position."""
-  n = keys.shape[-1]
-  packed = np.left_shift(keys, 32, dtype=np.int64)
-  packed |= np.arange(0, n << shift, 1 << shift, dtype=np.int64)
-  return packed
+def _numpy_stable_order(keys: np.ndarray) -> np.ndarray:
+  """Input positions of int32 ``keys`` [..., n] in stable ascending order (a two-pass radix sort).
+
+  The keys, mapped to uint32 in order, are sorted by their low then their
+  high 16 bits with NumPy's stable sort of 16-bit integers (itself a radix
+  sort): ties keep their input order, and it is faster than the int64
+  (key, position) sort that would otherwise make a stable order.
+  """
+  unsigned = keys.view(np.uint32) ^ np.uint32(0x80000000)
+  first = np.argsort((unsigned & 0xFFFF).astype(np.uint16), axis=-1, kind="stable")
+  high = np.take_along_axis((unsigned >> 16).astype(np.uint16), first, axis=-1)
+  return np.take_along_axis(first, np.argsort(high, axis=-1, kind="stable"), axis=-1)
 
 
 def _host_sort_with_order(keys, length, fill):
   n = keys.shape[-1]
 
   def sort_with_order(outs, keys):
-    # Sorting int64 (key, position) pairs: a stable order from NumPy's fastest (unstable) sort.
-    packed = _packed_with_positions(keys, 0)
-    packed.sort(axis=-1)
     out_keys, order = outs
+    stable = _numpy_stable_order(keys)
+    out_keys[..., :n] = np.take_along_axis(keys, stable, axis=-1)
+    order[..., :n] = stable
     out_keys[..., n:], order[..., n:] = fill, n
-    np.right_shift(packed, 32, out=out_keys[..., :n], casting="unsafe")
-    np.bitwise_and(packed, 0xFFFFFFFF, out=order[..., :n], casting="unsafe")
 
   return _host(sort_with_order, (_shape(keys, length), _shape(keys, length, jnp.int32)), keys)
 
@@ -156,35 +160,36 @@ def sort_with_order(keys: jax.Array, *, length: int | None = None,
                       fill=fill)
 
 
-def _host_stable_sort_flags(keys, flags, length, fill):
-  n = keys.shape[-1]
+def _host_stable_flag_counts(keys, flags):
+  def count(outs, keys, flags):
+    # The two-pass radix sort of _numpy_stable_order, with each flag riding
+    # along the high digit: two gathers instead of three.
+    unsigned = keys.view(np.uint32) ^ np.uint32(0x80000000)
+    first = np.argsort((unsigned & 0xFFFF).astype(np.uint16), axis=-1, kind="stable")
+    ride = (unsigned >> 15) & np.uint32(0x1FFFE)  # high digit << 1
+    ride |= flags.astype(np.uint32)
+    ride = np.take_along_axis(ride, first, axis=-1)
+    second = np.argsort((ride >> 1).astype(np.uint16), axis=-1, kind="stable")
+    ordered = np.take_along_axis(ride, second, axis=-1)
+    ordered &= 1
+    np.cumsum(ordered, axis=-1, out=outs[0], dtype=np.int32)
 
-  def sort_flags(outs, keys, flags):
-    # Key, input position and flag in one int64: one sort, no gather.
-    packed = _packed_with_positions(keys, 1)
-    packed |= flags
-    packed.sort(axis=-1)
-    outs[0][..., n:] = fill
-    np.bitwise_and(packed, 1, out=outs[0][..., :n], casting="unsafe")
-
-  return _host(sort_flags, _shape(flags, length), keys, flags)
+  return _host(count, _shape(flags, flags.shape[-1]), keys, flags)
 
 
-def _device_stable_sort_flags(keys, flags, length, fill):
-  return _padded(lax.sort((keys, flags), num_keys=1, is_stable=True)[1], length, fill)
+def _device_stable_flag_counts(keys, flags):
+  return _device_cumsum(lax.sort((keys, flags), num_keys=1, is_stable=True)[1], axis=-1)
 
 
-def stable_sort_flags(keys: jax.Array, flags: jax.Array, *, length: int | None = None,
-                      fill: int = 0) -> jax.Array:
-  """0/1 int32 ``flags`` [n] in the stable ascending order of int32 ``keys`` (ties in input order).
+def stable_flag_counts(keys: jax.Array, flags: jax.Array) -> jax.Array:
+  """Running count of the 0/1 int32 ``flags`` [n] in the stable ascending order of int32 ``keys``.
 
-  With ``length`` (static, >= n) the result is padded with ``fill``.
+  Entry j is the number of flags among the first j + 1 samples when sorted by
+  key, ties in input order (inclusive prefix sums; exact integers).
   """
   if keys.dtype != jnp.int32 or flags.dtype != jnp.int32:
-    raise TypeError(f"stable_sort_flags needs int32 keys and flags, got {keys.dtype}, {flags.dtype}")
-  length = keys.shape[-1] if length is None else length
-  return _per_backend(_host_stable_sort_flags, _device_stable_sort_flags, keys, flags,
-                      length=length, fill=fill)
+    raise TypeError(f"stable_flag_counts needs int32 keys and flags, got {keys.dtype}, {flags.dtype}")
+  return _per_backend(_host_stable_flag_counts, _device_stable_flag_counts, keys, flags)
 
 
 def _sequential_cumsum(x: jax.Array, axis: int) -> jax.Array:

@@ -55,13 +55,13 @@ def segments_per_bucket(graded: bool) -> int:
   return 1 if graded else 2
 
 
+# The binary layout's columns per segment: count and 1 - c = (u_hi 4096 + u_lo) 2^-24.
+BINARY_COLUMNS = ("count", "u_hi", "u_lo")
+
+
 def bucket_width(graded: bool) -> int:
   """Columns W of one bucket's sums: 2 segments x (1, u_hi, u_lo), or the 12 graded columns."""
   return 1 + 2 * GRADED_DIGITS + U_DIGITS if graded else 2 * len(BINARY_COLUMNS)
-
-
-# The binary layout's columns: count and 1 - c = (u_hi 4096 + u_lo) 2^-24.
-BINARY_COLUMNS = ("count", "u_hi", "u_lo")
 
 
 def segment_columns(confidences: jax.Array, correct: jax.Array,
@@ -186,6 +186,28 @@ def calibration_totals(hi: jax.Array, lo: jax.Array) -> BinTotals:
       correct=_exact.exact_float(kappa),
       confidence=_exact.exact_float([count] + minus_u),
       gap=_exact.exact_float([count] + minus_kappa + minus_u))
+
+
+# ------------------------------------------------------------------ losses
+#
+# Per-bucket count and summed loss 1 - kappa (streaming risk-coverage): the
+# columns (1, loss in three base-4096 digits); binary losses are 0 or 4096 in
+# the first digit, graded ones exact down to 2^-36.
+
+LOSS_COLUMNS = 1 + _KAPPA_WIDE
+
+
+def loss_columns(correct: jax.Array) -> list[jax.Array]:
+  """int32 columns (1, loss digits) of each sample's loss ``1 - kappa``."""
+  loss = 1.0 - jnp.clip(correct.astype(jnp.float32), 0.0, 1.0)
+  return [jnp.ones(loss.shape, jnp.int32)] + _exact.wide_digits(loss, _KAPPA_WIDE)
+
+
+def loss_totals(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(count, summed loss), float32 [...], of exact sums [..., LOSS_COLUMNS] (each rounded once)."""
+  count = _exact.exact_float([(1, hi[..., 0], lo[..., 0], 0)])
+  loss = _exact.exact_float([(1, hi[..., 1 + j], lo[..., 1 + j], -1 - j) for j in range(_KAPPA_WIDE)])
+  return count, loss
 
 
 class Metrics(NamedTuple):

@@ -81,10 +81,10 @@ def bucket_table(sorted_thresholds: jax.Array, cells: int) -> tuple[jax.Array, j
   """Per cell: index of its first threshold, number of thresholds in it; and the max count."""
   cell = _cell(sorted_thresholds, cells)
   counts = jnp.zeros((cells,), jnp.int32).at[cell].add(1)
-  # A binary search rather than a cumulative sum of the counts: XLA would fuse
-  # the cumulative sum into the per-sample lookups and redo it for every sample.
-  first = jnp.searchsorted(cell, jnp.arange(cells, dtype=jnp.int32), side="left")
-  return first.astype(jnp.int32), counts, jnp.max(counts)
+  # The lookups read the table inside a lax.cond (see _Buckets.switch), so XLA
+  # cannot fuse this cumulative sum into them and redo it for every sample.
+  first = jax.lax.associative_scan(jnp.add, counts) - counts
+  return first, counts, jnp.max(counts)
 
 
 def cell_minima(sorted_thresholds: jax.Array, first: jax.Array, counts: jax.Array) -> jax.Array:
@@ -193,13 +193,17 @@ class _Buckets:
 # ------------------------------------------------------------------ the pipeline
 
 
-def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, masked):
+def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, masked, given):
   """Exact per-bucket sums of samples [..., n]: one pass, leading axes as more segments."""
+  extra = list(extra)
+  known = extra.pop() if given else None
   groups = extra[0] if num_groups else None
   mask = extra[-1] if masked else None
   lead, n = confidences.shape[:-1], confidences.shape[-1]
   rows = math.prod(lead)
   buckets = _Buckets(sorted_thresh)
+  if given:
+    buckets.one_per_cell = None  # nothing to look up
   num_buckets = buckets.num_buckets
   per_row = (num_groups or 1) * num_buckets
   num_segments = _stats.segments_per_bucket(correct.dtype != jnp.bool_) * rows * per_row
@@ -212,7 +216,7 @@ def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, m
   def columns(c, kappa, *rest, one_per_cell):
     rest = list(rest)
     offset = rest.pop() if rows > 1 and not by_rows else None
-    segment = buckets(c, one_per_cell=one_per_cell)
+    segment = rest.pop() if given else buckets(c, one_per_cell=one_per_cell)
     drop = None
     if groups is not None:
       g = rest.pop(0)
@@ -239,16 +243,17 @@ def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, m
     return _exact.segment_sums(fn, arrays, num_segments, with_offset=rows > 1)
 
   shape = (rows, n) if by_rows else (-1,)
-  hi, lo = buckets.switch(sums, *(x.reshape(shape) for x in (confidences, correct, *extra)))
+  arrays = (confidences, correct, *extra) + ((known,) if given else ())
+  hi, lo = buckets.switch(sums, *(x.reshape(shape) for x in arrays))
   # [rows * G * buckets * per_bucket, K] -> [..., (G,) buckets, per_bucket * K]
   shape = lead + ((num_groups,) if num_groups else ()) + (num_buckets, -1)
   return hi.reshape(shape), lo.reshape(shape)
 
 
 @functools.lru_cache(maxsize=None)
-def _bucket_sums_kernel(num_groups: int | None, masked: bool):
+def _bucket_sums_kernel(num_groups: int | None, masked: bool, given: bool):
   """:func:`_bucket_sums_impl` whose ``vmap`` flattens the batch into more segments."""
-  impl = functools.partial(_bucket_sums_impl, num_groups=num_groups, masked=masked)
+  impl = functools.partial(_bucket_sums_impl, num_groups=num_groups, masked=masked, given=given)
   kernel = custom_vmap(impl)
 
   @kernel.def_vmap
@@ -265,7 +270,8 @@ def _bucket_sums_kernel(num_groups: int | None, masked: bool):
 
 def bucket_sums(confidences: jax.Array, correct: jax.Array, sorted_thresh: jax.Array,
                 mask: jax.Array | None = None, *, groups: jax.Array | None = None,
-                num_groups: int | None = None) -> tuple[jax.Array, jax.Array]:
+                num_groups: int | None = None,
+                buckets: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """Exact per-bucket statistics ``(hi, lo)``, int32 [..., (G,) T + 1, W], of samples [..., n].
 
   Bucket ``b`` holds the samples with exactly ``b`` sorted thresholds <= c;
@@ -274,10 +280,14 @@ def bucket_sums(confidences: jax.Array, correct: jax.Array, sorted_thresh: jax.A
   with ``mask`` False are left out. The sums are exact integers in canonical
   form, so adding two of them (and normalising) gives bit-for-bit the sums of
   the concatenated samples. Leading axes [...] (and ``jax.vmap``) are summed
-  in the same single pass, as separate segments.
+  in the same single pass, as separate segments. ``buckets`` ([..., n],
+  :func:`bucket_ids` computed earlier, e.g. once before many resamples)
+  skips the bucketing.
   """
   extra = ([] if groups is None else [groups]) + ([] if mask is None else [mask])
-  kernel = _bucket_sums_kernel(None if groups is None else num_groups, mask is not None)
+  extra += [] if buckets is None else [buckets]
+  kernel = _bucket_sums_kernel(None if groups is None else num_groups, mask is not None,
+                               buckets is not None)
   return kernel(confidences, correct, sorted_thresh, *extra)
 
 
@@ -335,12 +345,13 @@ def _segments(confidences, correct, sorted_thresh):
   return bucket_ids(confidences, sorted_thresh), (sorted_thresh.shape[0] + 1,), 0
 
 
-@jax.jit
-def _sweep_1d(confidences, correct, thresholds):
+@functools.partial(jax.jit, static_argnames=("normalize",))
+def _sweep_1d(confidences, correct, thresholds, normalize="retained"):
   order, sorted_thresh = sorted_thresholds(thresholds)
   # Exact sums; their derivative in c (and kappa) is the float sum over each retained set.
   sums = _stats.exact_sums(_exact_suffix_sums, _segments, confidences, correct, sorted_thresh)
-  return result_from_sums(sums, thresholds, order, jnp.zeros((), bool))
+  return _stats.renormalize(result_from_sums(sums, thresholds, order, jnp.zeros((), bool)),
+                            normalize)
 
 
 def sweep(confidences, correct, thresholds, *, normalize: str = "retained") -> SweepResult:
@@ -412,13 +423,13 @@ def sweep(confidences, correct, thresholds, *, normalize: str = "retained") -> S
 def _sweep(confidences, correct, thresholds, *, normalize: str) -> SweepResult:
   confidences, correct, invalid = _validation.samples(confidences, correct)
   thresholds, _ = _validation.thresholds(thresholds)  # invalid ones: NaN in the kernel
-  fn = _sweep_1d
+  fn = functools.partial(_sweep_1d, normalize=normalize)
   for _ in range(confidences.ndim - 1):
     fn = jax.vmap(fn, in_axes=(0, 0, None))  # a flattening rule, not a loop (bucket_sums)
   result = fn(confidences, correct, thresholds)
-  result = _stats.renormalize(result, normalize)
-  fields = _validation.poison(tuple(result[1:]), rows=invalid)
-  return SweepResult(result.thresholds, *fields)
+  if invalid is None:
+    return result
+  return SweepResult(result.thresholds, *_validation.poison(tuple(result[1:]), rows=invalid))
 
 
 # Traced samples (inside a user's jit, vmap or grad): the value checks become

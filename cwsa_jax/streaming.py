@@ -93,7 +93,6 @@ __all__ = [
     "process_merge",
 ]
 
-_KAPPA_DIGITS = _stats.GRADED_DIGITS
 
 
 def _batched(fn: Callable, ndim: int, in_axes) -> Callable:
@@ -482,7 +481,7 @@ def _calibration_bins(hi, lo, invalid):
 _HALF_BITS = 0x3F000000  # int32 bit pattern of 0.5f
 _KEY_MAX = 2 * _HALF_BITS  # key of c = 1
 _EMPTY_MIN = np.iinfo(np.int32).max
-_RC_WIDTH = 1 + _KAPPA_DIGITS  # count, loss digits
+_RC_WIDTH = _stats.LOSS_COLUMNS  # count, loss digits
 
 
 class BinnedRiskCoverage(NamedTuple):
@@ -551,7 +550,7 @@ class RiskCoverageState:
   MNIST CNN's.
 
   Attributes:
-    hi, lo: int32 [..., bins, 5]; key_min, key_max: int32 [..., bins];
+    hi, lo: int32 [..., bins, 4] (``_stats.loss_columns``); key_min, key_max: int32 [..., bins];
     invalid: bool [...]; mantissa_bits: static int.
   """
   hi: jax.Array
@@ -642,9 +641,7 @@ def _rc_state_1d(c, k, mask, *, mantissa_bits):
   seg = ids if mask is None else jnp.where(mask, ids, bins)  # padding: dropped
 
   def columns_fn(cid, kappa):
-    loss = 1.0 - jnp.clip(kappa.astype(jnp.float32), 0.0, 1.0)
-    cols = [jnp.ones(cid.shape, jnp.int32)] + _exact.digits(loss, _KAPPA_DIGITS)
-    return cid, jnp.stack(cols, axis=0)
+    return cid, jnp.stack(_stats.loss_columns(kappa), axis=0)
 
   hi, lo = _exact.segment_sums(columns_fn, [seg, k], bins)
   key_min = jax.ops.segment_min(key, seg, num_segments=bins)  # empty: int32 max
@@ -656,14 +653,10 @@ def _rc_state_1d(c, k, mask, *, mantissa_bits):
 def _rc_compute(hi, lo, key_min, key_max, invalid):
   # Suffix sums over ascending bins = totals of the bins at or above each bin.
   s_hi, s_lo = _exact.suffix_sums(hi, lo)
-  incl = _exact.to_float(s_hi, s_lo)
-  own = _exact.to_float(hi, lo)
-  m = own[:, 0]
-  e = _exact.combine(own[:, 1:], _KAPPA_DIGITS)
-  k_incl = incl[:, 0]
-  e_incl = _exact.combine(incl[:, 1:], _KAPPA_DIGITS)
-  k_excl = k_incl - m
-  e_excl = jnp.maximum(e_incl - e, 0.0)
+  m, e = _stats.loss_totals(hi, lo)
+  k_incl, e_incl = _stats.loss_totals(s_hi, s_lo)
+  # The bins strictly above, exactly (integer difference, rounded once).
+  k_excl, e_excl = _stats.loss_totals(*_exact.canonical(s_hi - hi, s_lo - lo))
   n = k_incl[0]
   nonempty = m > 0
   safe_k = jnp.where(nonempty, k_incl, 1.0)

@@ -348,3 +348,47 @@ def test_bootstrap_sweep_normalize_all_is_applied_per_resample():
     bootstrap_sweep(c, ok, GRID, key=KEY, normalize="bogus")
   with pytest.raises(ValueError, match="thresholds"):
     bootstrap_sweep(c, ok, [1.5], key=KEY)
+
+
+# --- every metric of the evaluation report from one sort --------------------------------------
+
+@pytest.mark.parametrize("convention, norm", [("step", "l1"), ("trapezoid", "l2"), ("step", "max")])
+def test_bootstrap_evaluation_matches_float64_references(convention, norm):
+  """Same resamples as bootstrap_ci; the sweep, ECE, accuracy, AURC family of each resample
+  from one sort (ties included, unsorted input)."""
+  from cwsa_jax._bootstrap import EvaluationMetrics, bootstrap_evaluation
+  c, ok = data(seed=6)
+  c[: N // 4] = np.round(c[: N // 4], 2)  # tie groups, some of them at thresholds and bin edges
+  r = bootstrap_evaluation(c, ok, GRID, key=KEY, num_resamples=B, num_bins=10, ece_norm=norm,
+                           aurc_convention=convention)
+  assert isinstance(r.low, EvaluationMetrics)
+  idx = np.asarray(_resample_indices(KEY, N, B))
+
+  def ref(ci, ki):
+    s = reference.sweep(ci, ki, GRID)  # [T, 4]
+    return np.concatenate([
+        [np.mean(ki), reference.ece(ci, ki, num_bins=10, norm=norm),
+         reference.aurc(ci, ki, convention), reference.eaurc(ci, ki, convention),
+         reference.aurc(ci, ki, convention, generalized=True)], s.T.reshape(-1)])
+
+  want = np.stack([ref(c[i], ok[i]) for i in idx])
+  flat = lambda m: np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in m])  # noqa: E731
+  np.testing.assert_allclose(flat(r.estimate), ref(c, ok), atol=ATOL, rtol=0, equal_nan=True)
+  low, high = quantiles(want)
+  np.testing.assert_allclose(flat(r.low), low, atol=ATOL, rtol=0, equal_nan=True)
+  np.testing.assert_allclose(flat(r.high), high, atol=ATOL, rtol=0, equal_nan=True)
+
+
+def test_bootstrap_evaluation_sweep_equals_bootstrap_sweep():
+  from cwsa_jax._bootstrap import bootstrap_evaluation
+  c, ok = data(seed=7)
+  r = bootstrap_evaluation(c, ok, GRID, key=KEY, num_resamples=B, normalize="all")
+  fast = bootstrap_sweep(c, ok, GRID, key=KEY, num_resamples=B, normalize="all")
+  for part in ("estimate", "low", "high"):
+    for f in ("coverage", "selective_accuracy", "cwsa", "cwsa_plus"):
+      np.testing.assert_allclose(np.asarray(getattr(getattr(r, part), f)),
+                                 np.asarray(getattr(getattr(fast, part), f)), atol=1e-7)
+  with pytest.raises(ValueError, match="aurc_convention"):
+    bootstrap_evaluation(c, ok, GRID, key=KEY, aurc_convention="published_code")
+  with pytest.raises(ValueError, match="boolean"):
+    bootstrap_evaluation(c, ok.astype(np.float32) * 0.5, GRID, key=KEY)

@@ -43,19 +43,18 @@ def test_sort_padded_and_vmapped(impl):
 
 @_both(_sort._host_sort_with_order, _sort._device_sort_with_order)
 def test_sort_with_order_is_stable(impl):
-  keys, order = jax.jit(jax.vmap(functools.partial(impl, length=502, fill=7)))(KEYS)
+  keys, order = jax.jit(jax.vmap(functools.partial(impl, length=502, fill=99)))(KEYS)
   np.testing.assert_array_equal(order[:, :500], np.argsort(KEYS, axis=-1, kind="stable"))
   np.testing.assert_array_equal(keys[:, :500], np.sort(KEYS, axis=-1))
   np.testing.assert_array_equal(order[:, 500:], 500)
-  np.testing.assert_array_equal(keys[:, 500:], 7)
+  np.testing.assert_array_equal(keys[:, 500:], 99)
 
 
-@_both(_sort._host_stable_sort_flags, _sort._device_stable_sort_flags)
-def test_stable_sort_flags(impl):
-  got = jax.jit(jax.vmap(functools.partial(impl, length=501, fill=0)))(KEYS, FLAGS)
+@_both(_sort._host_stable_flag_counts, _sort._device_stable_flag_counts)
+def test_stable_flag_counts(impl):
+  got = jax.jit(jax.vmap(impl))(KEYS, FLAGS)
   order = np.argsort(KEYS, axis=-1, kind="stable")
-  np.testing.assert_array_equal(got[:, :500], np.take_along_axis(FLAGS, order, axis=-1))
-  np.testing.assert_array_equal(got[:, 500:], 0)
+  np.testing.assert_array_equal(got, np.cumsum(np.take_along_axis(FLAGS, order, axis=-1), axis=-1))
 
 
 def test_public_sorts_use_the_host_branch_on_cpu():
@@ -119,3 +118,10 @@ def test_wide_and_grid_digits_are_exact():
   u = (1.0 - x[x >= 0.5]).astype(np.float32)  # multiples of 2^-24
   hi, lo = (np.asarray(d, np.float64) for d in _exact.grid_columns(jnp.asarray(u)))
   np.testing.assert_array_equal((hi * 4096 + lo) * 2.0**-24, u.astype(np.float64))
+
+
+def test_host_sort_of_batched_rows_in_place():
+  x = RNG.integers(-2**31, 2**31 - 1, (3, 70_000), dtype=np.int64).astype(np.int32)
+  got = jax.jit(jax.vmap(functools.partial(_sort._host_sort, length=70_002, fill=7)))(x)
+  np.testing.assert_array_equal(got[:, :70_000], np.sort(x, axis=-1))
+  np.testing.assert_array_equal(got[:, 70_000:], 7)

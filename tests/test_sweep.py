@@ -199,3 +199,29 @@ def test_bad_input(call, message):
 def test_inside_jit_invalid_thresholds_give_nan_only_there():
   r = jax.jit(sweep)(jnp.array([0.5, 0.9]), jnp.array([True, False]), jnp.array([0.5, 1.0, -0.5]))
   assert np.isfinite(float(r.cwsa[0])) and np.isnan(float(r.cwsa[1])) and np.isnan(float(r.cwsa[2]))
+
+
+@pytest.mark.parametrize("chunk", [64, 1000, 4096])
+def test_batched_bucket_sums_equal_row_by_row(monkeypatch, chunk):
+  """Leading axes are more segments of one pass: chunks of whole rows (each summed into its
+  own rows' table) or, for rows longer than a chunk, the flattened samples. The exact sums
+  equal those of each row alone, with groups and a mask too."""
+  from cwsa_jax import _exact
+  rng = np.random.default_rng(11)
+  c = rng.uniform(0, 1, (3, 2, 700)).astype(np.float32)
+  ok = rng.uniform(size=c.shape) < c
+  groups = rng.integers(0, 3, c.shape).astype(np.int32)
+  mask = rng.uniform(size=c.shape) < 0.9
+  _, st = _sweep.sorted_thresholds(jnp.asarray(GRID))
+  row = jax.jit(lambda c, k, g, m: _sweep.bucket_sums(c, k, st, m, groups=g, num_groups=3))
+  want = [np.stack([np.stack([np.asarray(x) for x in row(c[i, j], ok[i, j], groups[i, j],
+                                                           mask[i, j])]) for j in range(2)])
+          for i in range(3)]
+  monkeypatch.setattr(_exact, "CHUNK_SIZE", chunk)
+  batched = jax.jit(lambda c, k, g, m: _sweep.bucket_sums(c, k, st, m, groups=g, num_groups=3))
+  got = np.stack([np.asarray(x) for x in batched(c, ok, groups, mask)], axis=2)  # [3, 2, 2, ...]
+  np.testing.assert_array_equal(got, np.stack(want))
+  vmapped = jax.jit(jax.vmap(jax.vmap(
+      lambda c, k, g, m: _sweep.bucket_sums(c, k, st, m, groups=g, num_groups=3))))
+  got = np.stack([np.asarray(x) for x in vmapped(c, ok, groups, mask)], axis=2)
+  np.testing.assert_array_equal(got, np.stack(want))

@@ -114,8 +114,15 @@ def _force_exit(label: str) -> None:
     with contextlib.suppress(Exception):
       sys.stdout.flush()
     with contextlib.suppress(OSError):
-      os.write(2, f"{label}: interrupted\n".encode())
+      # A progress bar left mid-line (its owner never got to close it) ends first.
+      os.write(2, f"{chr(10) if _bar_open() else ''}{label}: interrupted\n".encode())
     os._exit(EXIT_INTERRUPTED)
+
+
+def _bar_open() -> bool:
+  """Whether a tqdm bar is on screen (tqdm is not imported for this)."""
+  tqdm = sys.modules.get("tqdm")
+  return bool(tqdm is not None and getattr(tqdm.tqdm, "_instances", None))
 
 
 def _watch(read_fd: int, done: threading.Event, label: str, grace: float) -> None:

@@ -145,8 +145,16 @@ def evaluation_intervals(confidences: Any, correct: Any, settings: Settings, *,
   c = jnp.asarray(confidences, jnp.float32)
   ok = jnp.asarray(correct, jnp.bool_)
   with _bootstrap.reporting(progress):
-    r = cw.bootstrap_ci(metric_fn(settings), c, ok, key=jax.random.key(seed),
-                        num_resamples=num_resamples, level=level)
+    if settings.binning == "width" and settings.aurc_convention in ("step", "trapezoid"):
+      # The same resamples, every metric from one sort and one bucketing of the data.
+      r = _bootstrap.bootstrap_evaluation(
+          c, ok, settings.grid, key=jax.random.key(seed), num_resamples=num_resamples,
+          level=level, num_bins=settings.num_bins, ece_norm=settings.ece_norm,
+          aurc_convention=settings.aurc_convention, normalize=settings.normalize)
+      r = r._replace(low=IntervalMetrics(*r.low), high=IntervalMetrics(*r.high))
+    else:
+      r = cw.bootstrap_ci(metric_fn(settings), c, ok, key=jax.random.key(seed),
+                          num_resamples=num_resamples, level=level)
   return Intervals(level, num_resamples, seed, _as_numpy(r.low), _as_numpy(r.high))
 
 
