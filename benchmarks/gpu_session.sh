@@ -13,8 +13,8 @@
 # Tested on a CPU with: JAX_PLATFORMS=cpu QUICK=1 benchmarks/gpu_session.sh /tmp/gpu-out DATA
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=$1; data=$2; wheels=${3:-}; budget=${4:-575}
-mkdir -p "$out"
+out=$1; data=$(realpath "$2"); wheels=${3:+$(realpath "$3")}; budget=${4:-575}
+mkdir -p "$out"; out=$(realpath "$out")
 start=$SECONDS
 left() { echo $((budget - (SECONDS - start))); }
 logs=$(mktemp -d)
@@ -27,9 +27,10 @@ py=${PYTHON:-python3}
 "$py" -c 'import flax, optax; print("flax", flax.__version__, "optax", optax.__version__)' >>"$logs/env.txt" 2>&1
 nvidia-smi >>"$logs/env.txt" 2>&1
 
+# The training runs start in $pkg: a cwsa_jax in the current folder would shadow the copy there.
 cli=(-c 'import sys; from cwsa_jax.cli import main; sys.exit(main())')
 smoke() {  # a 3-step MNIST run on the CPU: do this flax/optax train?
-  JAX_PLATFORMS=cpu timeout 240 "$py" "${cli[@]}" train --dataset mnist --max-steps 3 \
+  cd "$pkg" && JAX_PLATFORMS=cpu timeout 240 "$py" "${cli[@]}" train --dataset mnist --max-steps 3 \
     --data-dir "$data" --out "$(mktemp -d)/smoke" --no-progress
 }
 # On the CPU, while the GPU benchmarks run: the smoke runs, and CIFAR-10 decoded once into the cache.
@@ -43,14 +44,16 @@ if [ -n "$wheels" ]; then
    echo "exit $?" >>"$logs/smoke-wheels.log") &
   smoke_wheels=$!
 fi
-(JAX_PLATFORMS=cpu "$py" -c "from cwsa_jax.training import data; print(data.load_dataset('cifar10', data_dir='$data').source)" \
+(cd "$pkg" && JAX_PLATFORMS=cpu "$py" -c "from cwsa_jax.training import data; print(data.load_dataset('cifar10', data_dir='$data').source)" \
   >"$logs/cifar-cache.log" 2>&1) &
 cache=$!
 
 if [ -n "${QUICK:-}" ]; then bench=(--quick); else bench=(--sizes 1e8,1e7,1e6 --deadline-s 170); fi
-timeout 250 "$py" benchmarks/accelerator.py "${bench[@]}" --out "$out/gpu.json" \
-  >"$logs/gpu-stdout.json" 2>"$logs/bench.log"
-echo "bench exit $? at $((SECONDS - start)) s" | tee -a "$logs/env.txt"
+if [ -z "${SKIP_BENCH:-}" ]; then
+  timeout 250 "$py" benchmarks/accelerator.py "${bench[@]}" --out "$out/gpu.json" \
+    >"$logs/gpu-stdout.json" 2>"$logs/bench.log"
+  echo "bench exit $? at $((SECONDS - start)) s" | tee -a "$logs/env.txt"
+fi
 
 wait "$smoke_installed" "$cache"
 if tail -1 "$logs/smoke-installed.log" | grep -q "exit 0"; then
@@ -67,7 +70,7 @@ if [ "$remaining" -gt 120 ]; then
   jobs=${JOBS:-9}
   study=(--seeds 0,1,2)
   [ -n "${QUICK:-}" ] && study=(--seeds 0,1 --variants ce,focal --max-steps 5)
-  timeout $((remaining - 25)) "$py" -m cwsa_jax.training.study --data-dir "$data" --out "$logs/runs" \
+  cd "$pkg" && timeout $((remaining - 25)) "$py" -m cwsa_jax.training.study --data-dir "$data" --out "$logs/runs" \
     "${study[@]}" --jobs "$jobs" --deadline-s $((remaining - 170)) --stop-after-s $((remaining - 60)) \
     2>&1 | tee "$logs/study.log"
 fi

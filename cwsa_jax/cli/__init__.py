@@ -54,6 +54,7 @@ _OPTIONAL = {
     "optax": ("optax", "train"),
     "tensorflow_datasets": ("tensorflow-datasets", "train"),
     "PIL": ("pillow", "train"),
+    "pyarrow": ("pyarrow", "parquet"),
 }
 
 

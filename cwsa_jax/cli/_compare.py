@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(sub) -> None:
   p = sub.add_parser("compare", help=HELP, description=DESCRIPTION)
-  p.add_argument("a", help="predictions of model A (.csv, .npz or .npy)")
+  p.add_argument("a", help="predictions of model A (.csv, .parquet, .npz or .npy)")
   p.add_argument("b", help="predictions of model B")
   p.add_argument("--thresholds", default="0.5,0.9", metavar="SPEC",
                  help="thresholds for CWSA & co. (default 0.5,0.9; same syntax as evaluate)")

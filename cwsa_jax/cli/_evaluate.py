@@ -59,9 +59,42 @@ def _scoring_rules(loaded: _io.LoadedPredictions) -> _metrics.ScoringRules | Non
       nll=np.asarray(cw.nll(scores, loaded.labels, from_logits=loaded.from_logits)))
 
 
-def model_report(loaded: _io.LoadedPredictions, settings: Settings,
-                 args: argparse.Namespace) -> _metrics.ModelReport:
-  """The metrics, deployment threshold, per-class and --group-by breakdowns, --worst samples."""
+def load_selection(args: argparse.Namespace, evaluated: list[Path]) -> _io.LoadedPredictions | None:
+  """The ``--select-on`` predictions the deployment threshold is chosen on (held out).
+
+  None without ``--select-on``, or when it names one of the ``evaluated`` files: the
+  threshold is then chosen on the evaluated data (in-sample).
+
+  Raises:
+    UserError: the file is missing or unreadable (one line naming it).
+  """
+  path = args.select_on
+  if path is None or Path(path).resolve() in {Path(p).resolve() for p in evaluated}:
+    return None
+  if Path(path).suffix.lower() == ".npy":
+    raise UserError(f"--select-on {path}: a .npy file holds only the scores and --select-on "
+                    "takes no labels; pass a .csv, .parquet or .npz file")
+  try:
+    return _io.load_predictions(path, labels_path=None, scores=args.scores, group_by=None)
+  except UserError as e:
+    raise UserError(f"--select-on {e}") from None
+
+
+def deployment(loaded: _io.LoadedPredictions, selection: _io.LoadedPredictions | None,
+               settings: Settings, select_on: str | None) -> _metrics.Deployment:
+  """The deployment threshold: chosen on ``selection`` (held out) and applied to ``loaded``,
+  or without a selection file chosen on ``loaded`` itself (in-sample)."""
+  c, ok = loaded.confidences, loaded.correct
+  if selection is None:
+    return _metrics.choose_threshold(c, ok, settings)
+  return _metrics.choose_held_out((selection.confidences, selection.correct), c, ok, settings,
+                                  file=str(select_on))
+
+
+def model_report(loaded: _io.LoadedPredictions, settings: Settings, args: argparse.Namespace,
+                 selection: _io.LoadedPredictions | None = None) -> _metrics.ModelReport:
+  """The metrics, deployment threshold (chosen on ``selection`` when given, see
+  :func:`deployment`), per-class and --group-by breakdowns, --worst samples."""
   c, ok = loaded.confidences, loaded.correct
   classes = groups = worst = None
   if loaded.labels is not None:
@@ -73,7 +106,7 @@ def model_report(loaded: _io.LoadedPredictions, settings: Settings,
     worst = _metrics.worst_samples(c, ok, args.worst, min(settings.thresholds))
   return _metrics.ModelReport(
       metrics=_metrics.compute_metrics(c, ok, settings),
-      threshold_choice=_metrics.choose_threshold(c, ok, settings),
+      threshold_choice=deployment(loaded, selection, settings, getattr(args, "select_on", None)),
       scoring=_scoring_rules(loaded), classes=classes, groups=groups, worst=worst)
 
 
@@ -83,16 +116,19 @@ def run(args: argparse.Namespace) -> int:
   if args.worst is not None and args.worst < 1:
     raise UserError(f"--worst must be >= 1, got {args.worst}")
   # Check the output folder and read the input before any long step.
-  inputs = (args.file, args.labels)
+  paths = _io.expand_inputs(args.files)
+  inputs = (*paths, args.labels, args.select_on)
   out = _output.check_output_dir(
       args.out if args.out is not None else _output.fresh_output_dir(DEFAULT_OUT),
       force=args.force, inputs=inputs)
   show = progress_enabled(args)
-  with stage(f"loading {Path(args.file).name}", enabled=show):
-    loaded = _io.load_predictions(args.file, labels_path=args.labels, scores=args.scores,
-                                  group_by=args.group_by)
+  name = _io.inputs_name(paths)
+  with stage(f"loading {name}", enabled=show):
+    loaded = _io.load_inputs(paths, labels_path=args.labels, scores=args.scores,
+                             group_by=args.group_by)
+  selection = load_selection(args, paths)
   with stage("metrics", enabled=show):
-    report = model_report(loaded, settings, args)
+    report = model_report(loaded, settings, args, selection)
   args.bootstrap = _intervals.bootstrap_resamples(args, len(loaded.confidences), refuse=False)
   intervals = None
   if args.bootstrap:
@@ -100,13 +136,13 @@ def run(args: argparse.Namespace) -> int:
       intervals = _intervals.evaluation_intervals(
           loaded.confidences, loaded.correct, settings, num_resamples=args.bootstrap,
           level=args.level, seed=args.seed, progress=bar.update)
-  name = Path(args.file).name
   with _output.atomic_output_dir(out, force=args.force, inputs=inputs, command="evaluate") as tmp:
     with stage("figures", enabled=show and not args.no_figures):
       figures = [] if args.no_figures else _figures.model_figures(
           tmp, loaded.confidences, loaded.correct, report.metrics, settings, name=name,
           deployment=report.threshold_choice)
-    payload = {"command": "evaluate", "file": str(args.file), "source": loaded.source,
+    payload = {"command": "evaluate", **({"file": str(paths[0])} if len(paths) == 1 else {}),
+               "files": [str(path) for path in paths], "source": loaded.source,
                "settings": _json.settings_json(settings), **_json.report_json(report)}
     if intervals is not None:
       payload["intervals"] = _json.intervals_json(intervals)
@@ -136,19 +172,31 @@ def _print_summary(source: str, report: _metrics.ModelReport, settings: Settings
   print(text_table(_markdown.SWEEP_HEADERS, _markdown.sweep_rows(metrics.sweep, indices)))
   if settings.normalize == "all":
     print("(CWSA divided by n: the published code's variant)")
-  deployment = report.threshold_choice
-  if deployment.choice is not None:
-    print(f"\nselected threshold (best CWSA with coverage >= {deployment.min_coverage:g}, "
-          f"--min-coverage): {deployment.choice.threshold:.4g} "
-          f"(coverage {deployment.choice.coverage:.4f})")
-  else:
-    print(f"\nno threshold reaches coverage >= {deployment.min_coverage:g} (--min-coverage) on "
-          "this grid")
+  print()
+  print("\n".join(_deployment_lines(report.threshold_choice)))
+
+
+def _deployment_lines(choice: _metrics.Deployment) -> list[str]:
+  """The terminal lines stating the deployment threshold and the data it was chosen on."""
+  where = (f"on {choice.selected_on} (held out)" if choice.held_out else
+           "on the evaluated data itself (in-sample)")
+  if choice.choice is None:
+    return [f"no threshold of this grid reaches coverage >= {choice.min_coverage:g} "
+            f"(--min-coverage) {where}"]
+  lines = [f"selected threshold (best CWSA with coverage >= {choice.min_coverage:g}, "
+           f"--min-coverage): {choice.choice.threshold:.4g} "
+           f"(coverage {choice.choice.coverage:.4f}), chosen {where}"]
+  if not choice.held_out:
+    return lines + ["  so optimistic: choose it on held-out predictions with --select-on FILE"]
+  point = choice.evaluated
+  return lines + [f"  on the evaluated data: coverage {point.coverage:.4f}, selective accuracy "
+                  f"{point.selective_accuracy:.4f} (risk {point.selective_risk:.4f}), "
+                  f"CWSA {point.cwsa:.4f}"]
 
 
 def add_parser(sub) -> None:
   p = sub.add_parser(
-      "evaluate", help="evaluate saved predictions (CSV, .npz, .npy)",
+      "evaluate", help="evaluate saved predictions (CSV, Parquet, .npz, .npy; one file or several shards)",
       formatter_class=argparse.RawDescriptionHelpFormatter,
       description="Compute CWSA, CWSA+, coverage and selective accuracy over a threshold grid, "
       "plus accuracy, ECE, AURC, E-AURC, AUGRC and AUMCC (and Brier / NLL when probabilities are "
@@ -159,15 +207,24 @@ def add_parser(sub) -> None:
   .npz  probs [n,K] (or logits [n,K]) and labels [n] -- what `cwsa-jax train` writes --
         or confidences [n] and correct [n]
   .npy  probs or logits [n,K]; labels from --labels LABELS.npy
+  .parquet  the CSV's columns, typed (integer or string labels, bool or 0/1 correct);
+        needs pip install 'cwsa-jax[parquet]'
+Several FILEs (or a quoted glob, or a folder of .csv/.parquet shards) are one evaluation:
+their rows are joined in the order given, and every file must have the same columns.
 
 --published-code uses the paper's code conventions: thresholds linspace(0.5, 0.99, 20),
 10 ECE bins, AURC 'published_code', CWSA divided by n. Explicit flags override it.
 
 The report also states the threshold select_threshold picks (best CWSA with coverage >=
---min-coverage, default 0.8),
+--min-coverage, default 0.8): chosen on the evaluated file itself it is in-sample and
+optimistic; --select-on FILE chooses it on held-out predictions (say a validation set) and
+reports the evaluated file's coverage, selective accuracy and CWSA at that threshold. It
 breaks the sweep down per true class when the labels are known (CSV y_true, .npz/.npy labels),
 per group with --group-by COLUMN (CSV), and lists the most confident mistakes with --worst K.""")
-  p.add_argument("file", help="predictions file (.csv, .npz or .npy)")
+  p.add_argument("files", nargs="+", metavar="FILE",
+                 help="predictions file (.csv, .parquet, .npz or .npy); several files, a quoted "
+                 "glob pattern ('shards/*.parquet') or a folder (its .csv and .parquet files, "
+                 "sorted) are read as one evaluation: the same columns, rows concatenated in order")
   add_output_flags(p, default_out=DEFAULT_OUT)
   p.add_argument("--labels", metavar="FILE.npy", help="labels for a .npy scores file")
   p.add_argument("--scores", choices=_io.SCORE_KINDS, default="auto",
@@ -188,10 +245,15 @@ per group with --group-by COLUMN (CSV), and lists the most confident mistakes wi
   p.add_argument("--aumcc-axis", choices=("coverage", "threshold"), default="coverage",
                  help="x axis of the AUMCC area (default coverage)")
   add_min_coverage_flag(p)
+  p.add_argument("--select-on", metavar="FILE",
+                 help="choose the deployment threshold on this held-out predictions file "
+                 "(.csv, .parquet or .npz, e.g. a validation set) and apply it to FILE; "
+                 "without it (or when it is FILE) the "
+                 "threshold is chosen on FILE itself (in-sample, optimistic)")
   p.add_argument("--published-code", action="store_true",
                  help="the paper's published-code conventions (see below)")
   p.add_argument("--group-by", metavar="COLUMN",
-                 help="CSV column of group labels (integers or strings): per-group sweep and "
+                 help="CSV or Parquet column of group labels (integers or strings): per-group sweep and "
                  "best-worst gap in the report")
   p.add_argument("--worst", type=int, metavar="K",
                  help="list the K most damaging samples (confident and wrong) at the lowest "

@@ -26,9 +26,11 @@ def threshold_marker(deployment: Deployment | None) -> dict[str, Any]:
   threshold, or none when there is no feasible one."""
   if deployment is None or deployment.choice is None:
     return {"marker": None, "marker_label": None}
+  where = (f"chosen on {Path(deployment.selected_on).name}, coverage there ≥ "
+           if deployment.held_out else "in-sample, coverage ≥ ")
   return {"marker": deployment.choice.threshold,
           "marker_label": f"selected τ = {deployment.choice.threshold:.3g} "
-                          f"(coverage ≥ {deployment.min_coverage:g})"}
+                          f"({where}{deployment.min_coverage:g})"}
 
 
 def legend_below(fig: Any, axes: Iterable[Any], *, max_columns: int | None = None) -> None:

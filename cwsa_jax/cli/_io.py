@@ -10,6 +10,9 @@ Supported files (chosen by extension):
   delimiter is ``,``, ``;``, TAB or ``|`` (whichever splits the header into
   those columns). It is read in blocks of rows with NumPy's parser
   (:func:`iter_csv_chunks`, in :mod:`cwsa_jax.cli._csv`).
+* ``.parquet`` with the same columns (integer or string labels, boolean or 0/1
+  ``correct``), read column-wise in record batches with pyarrow (the optional
+  ``parquet`` extra; :mod:`cwsa_jax.cli._parquet`).
 * ``.npz`` with ``probs`` [n, K] or ``logits`` [n, K] and ``labels`` [n] (what
   ``cwsa-jax train`` writes), or ``confidences`` [n] and ``correct`` [n].
 * ``.npy`` with probabilities or logits [n, K]; the labels come from a second
@@ -21,23 +24,31 @@ Confidences must lie in [0, 1]; values within 1e-6 outside (float32 rounding
 of a softmax) are clipped. Every problem raises
 :class:`~cwsa_jax.cli._util.UserError` with a one-line message that starts with
 the file name.
+
+Several files (shards) are read as one set of predictions by
+:func:`load_inputs`: files, quoted glob patterns and folders (their ``.csv``
+and ``.parquet`` files) are expanded by :func:`expand_inputs`, each is read by
+:func:`load_predictions`, and the rows are concatenated in order once every
+shard is known to hold the same kind of columns (:func:`concatenate`).
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import zipfile
 import zlib
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from cwsa_jax.cli import _csv
+from cwsa_jax.cli import _csv, _parquet
 from cwsa_jax.cli._csv import iter_csv_chunks
 from cwsa_jax.cli._util import UserError
 
-EXTENSIONS = (".csv", ".npz", ".npy")
+EXTENSIONS = (".csv", ".parquet", ".npz", ".npy")
+TABLE_EXTENSIONS = (".csv", ".parquet")  # the files a folder input contributes; --group-by
 SCORE_KINDS = ("auto", "probs", "logits")
 _CONFIDENCE_SLACK = 1e-6
 _PROBS_ATOL = 1e-3
@@ -75,14 +86,14 @@ class LoadedPredictions(NamedTuple):
 
 def load_predictions(path: str | os.PathLike, *, labels_path: str | os.PathLike | None = None,
                      scores: str = "auto", group_by: str | None = None) -> LoadedPredictions:
-  """Reads (confidences, correct) from a CSV, ``.npz`` or ``.npy`` file.
+  """Reads (confidences, correct) from a CSV, Parquet, ``.npz`` or ``.npy`` file.
 
   Args:
     path: the predictions file.
     labels_path: for ``.npy`` scores, the ``.npy`` file with the integer labels.
     scores: ``"auto"``, ``"probs"`` or ``"logits"``: how to read a score matrix.
-    group_by: for a CSV, a column of group labels (integers, or strings mapped
-      to ids in sorted order).
+    group_by: for a CSV or Parquet file, a column of group labels (integers, or
+      strings mapped to ids in sorted order).
 
   Returns:
     :class:`LoadedPredictions`.
@@ -105,11 +116,14 @@ def load_predictions(path: str | os.PathLike, *, labels_path: str | os.PathLike 
     raise UserError(f"{path}: is a directory, expected a {ext} file")
   if labels_path is not None and ext != ".npy":
     raise UserError(f"--labels is only used with a .npy scores file, not with {path}")
-  if group_by is not None and ext != ".csv":
-    raise UserError(f"--group-by needs a CSV file with the group column, not {path}")
+  if group_by is not None and ext not in TABLE_EXTENSIONS:
+    raise UserError(f"--group-by needs a CSV or Parquet file with the group column, not {path}")
   try:
     if ext == ".csv":
-      return _load_csv(path, group_by)
+      return _load_table(path, iter_csv_chunks(path, _csv.DEFAULT_CHUNK_ROWS, group_by=group_by),
+                         "CSV")
+    if ext == ".parquet":
+      return _load_table(path, _parquet.iter_parquet_chunks(path, group_by=group_by), "Parquet")
     if ext == ".npz":
       return _load_npz(path, scores)
     return _load_npy(path, labels_path, scores)
@@ -121,14 +135,146 @@ def load_predictions(path: str | os.PathLike, *, labels_path: str | os.PathLike 
 
 
 # --------------------------------------------------------------------------
-# CSV
+# Several inputs (shards) as one set of predictions
 # --------------------------------------------------------------------------
 
 
-def _load_csv(path: Path, group_by: str | None = None) -> LoadedPredictions:
-  """The whole file through :func:`iter_csv_chunks`: only NumPy arrays are kept per block."""
+def expand_inputs(specs: Sequence[str | os.PathLike]) -> list[Path]:
+  """The input files ``specs`` name, in the order given.
+
+  A path that exists is taken as is; a folder stands for its ``.csv`` and
+  ``.parquet`` files (sorted by name; hidden files left out). A path that does
+  not exist and holds ``*``, ``?`` or ``[`` is a glob pattern: its matching
+  files, sorted (``**`` also matches sub-folders). Any other path is kept, to
+  be reported missing when it is read.
+
+  Raises:
+    UserError: no inputs, a folder without such files, a pattern that matches
+      no file, or one file named twice.
+  """
+  files = []
+  for spec in specs:
+    raw = os.fspath(spec)
+    if os.path.isdir(raw):
+      files.extend(_folder_files(raw))
+    elif not os.path.lexists(raw) and any(c in raw for c in "*?["):
+      matches = [Path(m) for m in sorted(glob.glob(raw, recursive=True)) if not os.path.isdir(m)]
+      if not matches:
+        raise UserError(f"{raw}: no file matches this pattern")
+      files.extend(matches)
+    else:
+      files.append(Path(raw))
+  if not files:
+    raise UserError("no input files given")
+  seen = {}
+  for path in files:
+    key = os.path.realpath(path)
+    if key in seen:
+      raise UserError(f"{path}: named twice (also as {seen[key]}); each input is read once")
+    seen[key] = path
+  return files
+
+
+def _folder_files(raw: str) -> list[Path]:
+  try:
+    found = sorted(p for p in Path(raw).iterdir()
+                   if p.suffix.lower() in TABLE_EXTENSIONS and not p.name.startswith(".")
+                   and p.is_file())
+  except OSError as e:
+    raise UserError(f"{raw}: cannot read the folder: {e.strerror or e}") from None
+  if not found:
+    raise UserError(f"{raw}: the folder holds no {' or '.join(TABLE_EXTENSIONS)} files")
+  return found
+
+
+def load_inputs(paths: Sequence[str | os.PathLike], *,
+                labels_path: str | os.PathLike | None = None, scores: str = "auto",
+                group_by: str | None = None) -> LoadedPredictions:
+  """Reads every file of ``paths`` (from :func:`expand_inputs`) as one set of predictions.
+
+  One file is read by :func:`load_predictions`. The rows of several are
+  concatenated in order (:func:`concatenate`); they must hold the same kind of
+  predictions: the same columns (confidence and correct, or integer labels, or
+  class names), the same number of classes and probs or logits for ``.npz``,
+  and the ``group_by`` column. ``labels_path`` goes with a single ``.npy`` file.
+
+  Raises:
+    UserError: no paths, ``labels_path`` with several, a file
+      :func:`load_predictions` refuses, or two files of different kinds; the
+      message names the file.
+  """
+  paths = [Path(p) for p in paths]
+  if not paths:
+    raise UserError("no input files given")
+  if len(paths) == 1:
+    return load_predictions(paths[0], labels_path=labels_path, scores=scores, group_by=group_by)
+  if labels_path is not None:
+    raise UserError("--labels goes with a single .npy scores file, not with several inputs; "
+                    "for shards with scores use .npz files (probs or logits, and labels)")
+  parts = []
+  for path in paths:
+    loaded = load_predictions(path, scores=scores, group_by=group_by)
+    if parts and _schema(loaded) != _schema(parts[0]):
+      raise UserError(f"{path}: holds {_schema(loaded)} but {paths[0]} holds "
+                      f"{_schema(parts[0])}; every input must have the same columns")
+    parts.append(loaded)
+  return concatenate(parts, paths)
+
+
+def inputs_name(paths: Sequence[Path]) -> str:
+  """The input files' names for titles: all of up to three, else the first and last and a count."""
+  names = [Path(p).name for p in paths]
+  if len(names) <= 3:
+    return ", ".join(names)
+  return f"{names[0]}, ..., {names[-1]} ({len(names)} files)"
+
+
+def _schema(loaded: LoadedPredictions) -> str:
+  """What kind of predictions a file holds, in words (equal for files that can be joined)."""
+  if loaded.scores is not None:
+    kind = "logits" if loaded.from_logits else "probs"
+    return f"{kind} over {loaded.num_classes} classes and labels"
+  if loaded.labels is not None:
+    labels = "class names" if loaded.class_names is not None else "integer labels"
+    return f"y_true, y_pred, confidence ({labels})"
+  return "confidence, correct"
+
+
+def concatenate(parts: Sequence[LoadedPredictions], paths: Sequence[Path]) -> LoadedPredictions:
+  """The rows of ``parts`` (alike: see :func:`load_inputs`) in order, as one set.
+
+  Class names and group labels are merged into the sorted union of every
+  part's, as if the rows had been read from one file.
+  """
+  first = parts[0]
+  labels = class_names = groups = group_names = scores = None
+  if first.class_names is not None:
+    labels, names = _merge_codes([(np.asarray(p.class_names, dtype=str), p.labels) for p in parts])
+    class_names = tuple(str(name) for name in names)
+  elif first.labels is not None:
+    labels = np.concatenate([p.labels for p in parts])
+  if first.groups is not None:
+    groups, group_names = _group_ids([(np.asarray(p.group_names, dtype=str), p.groups)
+                                      for p in parts])
+  if first.scores is not None:
+    scores = np.concatenate([p.scores for p in parts])
+  source = f"{inputs_name(paths)}: {_schema(first)}"
+  return LoadedPredictions(np.concatenate([p.confidences for p in parts]),
+                           np.concatenate([p.correct for p in parts]), source,
+                           num_classes=first.num_classes, scores=scores, labels=labels,
+                           from_logits=first.from_logits, groups=groups,
+                           group_names=group_names, class_names=class_names)
+
+
+# --------------------------------------------------------------------------
+# CSV and Parquet
+# --------------------------------------------------------------------------
+
+
+def _load_table(path: Path, chunks: Iterator[_csv.CsvChunk], kind: str) -> LoadedPredictions:
+  """The blocks of a CSV or Parquet file (``kind``) as one set: only NumPy arrays are kept."""
   confidences, correct, true_labels, pred_names, groups = [], [], [], [], []
-  for chunk in iter_csv_chunks(path, _csv.DEFAULT_CHUNK_ROWS, group_by=group_by):
+  for chunk in chunks:
     confidences.append(chunk.confidences.astype(np.float32))
     correct.append(chunk.correct)
     if chunk.y_true is not None:
@@ -141,14 +287,14 @@ def _load_csv(path: Path, group_by: str | None = None) -> LoadedPredictions:
       groups.append(np.unique(chunk.groups, return_inverse=True))
   labels = class_names = None
   if not true_labels:
-    source = f"{path.name} (CSV: confidence, correct)"
+    source = f"{path.name} ({kind}: confidence, correct)"
   elif isinstance(true_labels[0], tuple):
     labels, names = _merge_codes(true_labels, pred_names)
     class_names = tuple(str(name) for name in names)
-    source = f"{path.name} (CSV: y_true, y_pred, confidence; class names)"
+    source = f"{path.name} ({kind}: y_true, y_pred, confidence; class names)"
   else:
     labels = np.concatenate(true_labels)
-    source = f"{path.name} (CSV: y_true, y_pred, confidence)"
+    source = f"{path.name} ({kind}: y_true, y_pred, confidence)"
   group_ids = group_names = None
   if groups:
     group_ids, group_names = _group_ids(groups)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from cwsa_jax.cli._intervals import Comparison, Intervals
-from cwsa_jax.cli._metrics import Deployment, GroupBreakdown, Metrics, ModelReport
+from cwsa_jax.cli._metrics import IN_SAMPLE, Deployment, GroupBreakdown, Metrics, ModelReport
 from cwsa_jax.cli._settings import SELECTION_METRIC, Settings, aumcc_caveat
 
 
@@ -59,16 +59,29 @@ def metrics_json(metrics: Metrics) -> dict[str, Any]:
   return plain(metrics)
 
 
+def selected_on_json(deployment: Deployment) -> str | dict[str, Any]:
+  """Where the threshold was chosen: ``{"file": ..., "held_out": true}`` (``--select-on``) or
+  :data:`~cwsa_jax.cli._metrics.IN_SAMPLE`."""
+  if deployment.held_out:
+    return {"file": deployment.selected_on, "held_out": True}
+  return IN_SAMPLE
+
+
 def deployment_json(deployment: Deployment) -> dict[str, Any]:
-  """``metric``, ``min_coverage``, ``feasible``, then the threshold and its operating point or,
-  when infeasible, the ``reason``."""
+  """``metric``, ``min_coverage``, ``feasible``, then the threshold and its operating point on
+  the data it was chosen on or, when infeasible, the ``reason``; then ``selected_on`` and, for a
+  held-out choice, the ``evaluated`` data's operating point at that threshold."""
   out = {"metric": deployment.metric, "min_coverage": deployment.min_coverage,
          "feasible": deployment.feasible}
   if deployment.choice is None:
     out["reason"] = deployment.reason
   else:
     out.update(deployment.choice._asdict())
-  return {key: plain(value) for key, value in out.items()}
+  out = {key: plain(value) for key, value in out.items()}
+  out["selected_on"] = selected_on_json(deployment)
+  if deployment.evaluated is not None:
+    out["evaluated"] = plain(deployment.evaluated)
+  return out
 
 
 def groups_json(groups: GroupBreakdown) -> dict[str, Any]:

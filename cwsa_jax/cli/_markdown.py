@@ -122,18 +122,33 @@ def aumcc_note(metrics: Metrics, settings: Settings) -> str:
   return text + f"; AUMCC ÷ span: {means}."
 
 
+IN_SAMPLE_NOTE = ("This operating point is therefore optimistic: choose the threshold on "
+                  "held-out predictions with `--select-on FILE`.")
+
+
 def choice_sentence(deployment: Deployment) -> str:
-  """One Markdown sentence stating the selected threshold (or why there is none)."""
+  """Markdown sentences stating the selected threshold (or why there is none) and the data it
+  was chosen on: the evaluated data itself (in-sample) or a ``--select-on`` file (held out)."""
   constraint = (f"maximising {plots.METRIC_LABELS[deployment.metric]} (divided by |S|) over the "
                 f"threshold grid subject to coverage ≥ {deployment.min_coverage:g} "
                 "(`--min-coverage`)")
+  held_out = deployment.held_out
+  where = (f" on `{deployment.selected_on}` (held out)" if held_out else
+           " on the evaluated data itself (in-sample)")
   choice = deployment.choice
   if choice is None:
-    return f"**Deployment threshold**: none — {constraint} is infeasible: {deployment.reason}."
-  return (f"**Deployment threshold** ({constraint}, `select_threshold`): τ = "
-          f"{choice.threshold:.4g}, with coverage {fmt(choice.coverage)}, selective risk "
-          f"{fmt(choice.selective_risk)} and {deployment.metric.upper().replace('_PLUS', '+')} "
-          f"{fmt(choice.value)}.")
+    return (f"**Deployment threshold**: none — {constraint} is infeasible{where}: "
+            f"{deployment.reason}.")
+  metric = deployment.metric.upper().replace('_PLUS', '+')
+  text = (f"**Deployment threshold** ({constraint}, `select_threshold`), chosen{where}: "
+          f"τ = {choice.threshold:.4g}, with coverage {fmt(choice.coverage)}, selective risk "
+          f"{fmt(choice.selective_risk)} and {metric} {fmt(choice.value)}{' there' * held_out}.")
+  if not held_out:
+    return f"{text} {IN_SAMPLE_NOTE}"
+  point = deployment.evaluated
+  return (f"{text} Applied to the evaluated data: coverage {fmt(point.coverage)}, selective "
+          f"accuracy {fmt(point.selective_accuracy)} (risk {fmt(point.selective_risk)}) and "
+          f"{metric} {fmt(point.cwsa)} (divided by |S|).")
 
 
 def group_section(title: str, groups: GroupBreakdown, key: str) -> list[str]:

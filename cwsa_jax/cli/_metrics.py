@@ -66,6 +66,23 @@ class ScoringRules(NamedTuple):
   nll: np.ndarray
 
 
+# What a threshold chosen on the reported data itself is: its operating point is optimistic.
+IN_SAMPLE = "evaluated data (in-sample, optimistic)"
+
+
+class OperatingPoint(NamedTuple):
+  """The evaluated data at a threshold chosen on other data (Python floats).
+
+  ``cwsa`` is divided by |S| (as the selection's value); ``selective_accuracy`` and
+  ``selective_risk`` are NaN when the threshold retains nothing.
+  """
+  threshold: float
+  coverage: float
+  selective_accuracy: float
+  selective_risk: float
+  cwsa: float
+
+
 class Deployment(NamedTuple):
   """The deployment threshold a report states: the largest ``metric`` on the grid among the
   thresholds with coverage >= ``min_coverage`` (:func:`cwsa_jax.select_threshold`).
@@ -73,18 +90,28 @@ class Deployment(NamedTuple):
   Attributes:
     metric: the metric maximised.
     min_coverage: the coverage bound (``--min-coverage``).
-    choice: the selected threshold and its operating point; None when no threshold of the
-      grid keeps that coverage.
+    choice: the selected threshold and its operating point on the data it was chosen on;
+      None when no threshold of the grid keeps that coverage.
     reason: why there is no choice (the library's message), else None.
+    selected_on: the held-out predictions file the threshold was chosen on (``--select-on``);
+      None when it was chosen on the reported data itself (in-sample, :data:`IN_SAMPLE`).
+    evaluated: for a held-out choice, the reported data's operating point at that threshold.
   """
   metric: str
   min_coverage: float
   choice: cw.ThresholdChoice | None
   reason: str | None = None
+  selected_on: str | None = None
+  evaluated: OperatingPoint | None = None
 
   @property
   def feasible(self) -> bool:
     return self.choice is not None
+
+  @property
+  def held_out(self) -> bool:
+    """Whether the threshold was chosen on other data than the reported one."""
+    return self.selected_on is not None
 
 
 class GroupGap(NamedTuple):
@@ -213,6 +240,27 @@ def choose_threshold(confidences: Any, correct: Any, settings: Settings) -> Depl
   except ValueError as e:
     return Deployment(SELECTION_METRIC, settings.min_coverage, None, str(e))
   return Deployment(SELECTION_METRIC, settings.min_coverage, choice)
+
+
+def operating_point(confidences: Any, correct: Any, tau: float) -> OperatingPoint:
+  """Coverage, selective accuracy and risk, and CWSA (divided by |S|) of the data at ``tau``."""
+  result = cw.sweep(np.asarray(confidences, np.float32), np.asarray(correct, bool),
+                    np.asarray([tau], np.float32))
+  accuracy = float(np.asarray(result.selective_accuracy)[0])
+  return OperatingPoint(threshold=float(tau), coverage=float(np.asarray(result.coverage)[0]),
+                        selective_accuracy=accuracy, selective_risk=1.0 - accuracy,
+                        cwsa=float(np.asarray(result.cwsa)[0]))
+
+
+def choose_held_out(selection: tuple[Any, Any], confidences: Any, correct: Any,
+                    settings: Settings, *, file: str) -> Deployment:
+  """:func:`choose_threshold` on held-out ``selection`` = (confidences, correct) from ``file``,
+  with the evaluated (``confidences``, ``correct``) operating point at the chosen threshold."""
+  deployment = choose_threshold(*selection, settings)._replace(selected_on=str(file))
+  if deployment.choice is None:
+    return deployment
+  return deployment._replace(
+      evaluated=operating_point(confidences, correct, deployment.choice.threshold))
 
 
 def group_metrics(confidences: Any, correct: Any, groups: Any, names: tuple[str, ...],
