@@ -23,13 +23,16 @@ The variants (one place; the README of ``results/training`` names the same):
   dataset: MNIST weight 0.5 with tau drawn from the band [0.5, 0.95], CIFAR-10
   weight 0.1 at tau 0.5 (weight 0.5 cost CIFAR-10 three points of accuracy).
 
-Then ``python -m cwsa_jax.training.summarize OUT/* --out results/training``.
+``--compare DIR`` then runs ``cwsa-jax compare`` of every run against cross-entropy of the same
+dataset and seed. Then ``python -m cwsa_jax.training.summarize OUT/* --out results/training
+--compare DIR/*.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -53,6 +56,12 @@ VARIANTS: dict[str, dict[str, list[str]]] = {
 
 def run_name(dataset: str, variant: str, seed: int) -> str:
   return f"{dataset}-{variant}-s{seed}"
+
+
+def parse_run_name(name: str) -> tuple[str, str, int]:
+  """``(dataset, variant, seed)`` of a run folder named by :func:`run_name`."""
+  dataset, variant, seed = re.fullmatch(r"([a-z0-9]+)-(.+)-s(\d+)", name).groups()
+  return dataset, variant, int(seed)
 
 
 def train_args(dataset: str, variant: str, seed: int, data_dir: str, out: Path) -> list[str]:
@@ -84,6 +93,9 @@ def main(argv=None) -> int:
                       help="Ctrl-C the runs still going after this many seconds")
   parser.add_argument("--max-steps", type=int, default=None,
                       help="stop each run after this many steps (to test the study)")
+  parser.add_argument("--compare", default=None, metavar="DIR",
+                      help="then compare every finished run against cross-entropy of the same dataset "
+                      "and seed (cwsa-jax compare A B --out DIR/DATASET-sSEED-LOSS-vs-ce.json)")
   parser.add_argument("--print", action="store_true", help="print the commands, run nothing")
   args = parser.parse_args(argv)
   out = Path(args.out)
@@ -133,7 +145,29 @@ def main(argv=None) -> int:
       print(f"study: [{time.monotonic() - start:6.0f} s] {name} exit {p.returncode} "
             f"({time.monotonic() - began:.0f} s)", flush=True)
   print(f"study: done in {time.monotonic() - start:.0f} s, {failed} failed", flush=True)
+  if args.compare:
+    failed += compare_with_ce(out, Path(args.compare), runner, env)
   return 1 if failed else 0
+
+
+def compare_with_ce(runs: Path, out: Path, runner: list[str], env: dict) -> int:
+  """``cwsa-jax compare`` of each finished run with the cross-entropy run of its dataset and
+  seed (1000 paired resamples); the printed table goes to a .txt beside the JSON."""
+  out.mkdir(parents=True, exist_ok=True)
+  failed = 0
+  for predictions in sorted(runs.glob("*-s*/predictions.npz")):
+    dataset, variant, seed = parse_run_name(predictions.parent.name)
+    baseline = runs / run_name(dataset, "ce", seed) / "predictions.npz"
+    if variant == "ce" or not baseline.exists():
+      continue
+    name = f"{dataset}-s{seed}-{variant}-vs-ce"
+    with open(out / f"{name}.txt", "w") as log:
+      code = subprocess.call([*runner, "compare", str(predictions), str(baseline), "--out",
+                              str(out / f"{name}.json"), "--no-progress"], stdout=log,
+                             stderr=subprocess.STDOUT, env=env)
+    failed += code != 0
+    print(f"study: compare {name} exit {code}", flush=True)
+  return failed
 
 
 if __name__ == "__main__":

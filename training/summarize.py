@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from cwsa_jax.cli._util import write_json_atomic
+from .study import parse_run_name
 
 FIELDS = ("dataset", "loss", "seed", "epochs", "test_accuracy", "ece", "aurc", "eaurc", "augrc",
           "cwsa", "cwsa_plus", "wall_seconds", "data_source", "device")
@@ -159,7 +160,7 @@ def _pm(s, digits: int = 4) -> str:
   return "—" if s is None else f"{s[0]:.{digits}f} ± {s[1]:.{digits}f}"
 
 
-def render_readme(runs: list[dict], groups: list[dict], notes: str) -> str:
+def render_readme(runs: list[dict], groups: list[dict], notes: str, paired: list[str] = ()) -> str:
   pm = _pm
   lines = ["# Training results", "",
            "Written by `python -m cwsa_jax.training.summarize` from the runs' `metrics.json`; every number below "
@@ -174,7 +175,7 @@ def render_readme(runs: list[dict], groups: list[dict], notes: str) -> str:
         f"{pm(g['test_accuracy'])} | {pm(g['ece'])} | {pm(g['aurc'], 5)} | {pm(g['eaurc'], 5)} | "
         f"{pm(g['augrc'], 5)} | {pm(g['cwsa_0.5'])} | {pm(g['cwsa_0.9'])} | {pm(g['cwsa_plus_0.5'])} | "
         f"{pm(g['cwsa_plus_0.9'])} |")
-  lines += _score_tables(groups) + _threshold_table(groups)
+  lines += _score_tables(groups) + _threshold_table(groups) + list(paired)
   lines += ["", "## Runs", "",
             "| run | test acc. | ECE | AURC | CWSA@0.5 | CWSA@0.9 | wall s | device | command |",
             "|---|---|---|---|---|---|---|---|---|"]
@@ -234,11 +235,52 @@ def _threshold_table(groups: list[dict]) -> list[str]:
   return lines
 
 
+PAIRED_METRICS = (("accuracy", None), ("ece", None), ("aurc", None), ("augrc", None), ("eaurc", None),
+                  ("cwsa", 0), ("cwsa", 1), ("coverage", 1), ("selective_accuracy", 1))
+
+
+def _paired_cell(d: dict, metric: str, index: int | None) -> str:
+  pick = (lambda x: x[metric]) if index is None else (lambda x: x[metric][index])
+  digits = 5 if metric in ("aurc", "augrc", "eaurc") else 4
+  diff, low, high, p = (pick(d[k]) for k in ("difference", "low", "high", "p_value"))
+  return f"{diff:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}] p={p:.3f}"
+
+
+def paired_table(compares: list[Path]) -> list[str]:
+  """The ``cwsa-jax compare A B`` results (A a loss, B cross-entropy, same seed): one row per
+  (dataset, loss, metric), one column per seed."""
+  rows: dict[tuple[str, str, str], dict[int, str]] = {}
+  thresholds = None
+  for path in compares:
+    d = json.loads(path.read_text())
+    dataset, variant, seed = parse_run_name(Path(d["a"]).parent.name)
+    thresholds = d["settings"]["thresholds"]
+    for metric, index in PAIRED_METRICS:
+      name = metric if index is None else f"{metric}@{thresholds[index]:g}"
+      rows.setdefault((dataset, variant, name), {})[seed] = _paired_cell(d, metric, index)
+  seeds = sorted({seed for cells in rows.values() for seed in cells})
+  lines = ["", "## Paired differences against cross-entropy", "",
+           "`cwsa-jax compare runs/DATASET-LOSS-sS/predictions.npz runs/DATASET-ce-sS/predictions.npz` "
+           "(same seed, same test set): the loss minus cross-entropy, 95% paired percentile-bootstrap "
+           "interval (1000 resamples) and two-sided bootstrap p-value (0.002 is the floor). Outputs in "
+           "`compare/`.", "",
+           "| dataset | loss | metric | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+           "|---|---|---|" + "---|" * len(seeds)]
+  for (dataset, variant, name), cells in sorted(rows.items(), key=lambda kv: (
+      kv[0][0], kv[0][1], [m if i is None else f"{m}@{thresholds[i]:g}"
+                           for m, i in PAIRED_METRICS].index(kv[0][2]))):
+    lines.append(f"| {DATASET_LABEL.get(dataset, dataset)} | {variant} | {name} | "
+                 + " | ".join(cells.get(s, "—") for s in seeds) + " |")
+  return lines
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("runs", nargs="+", help="run directories (with metrics.json)")
   parser.add_argument("--out", default="results/training")
   parser.add_argument("--notes", default=None, help="a Markdown file appended to the README")
+  parser.add_argument("--compare", nargs="*", default=[], metavar="JSON",
+                      help="cwsa-jax compare outputs (a loss against cross-entropy) to tabulate")
   args = parser.parse_args(argv)
   runs = [load_run(Path(p)) for p in args.runs]
   runs.sort(key=lambda r: (r["dataset"], r["loss"], str(r["config"]), r["seed"]))
@@ -247,7 +289,8 @@ def main(argv=None) -> int:
   write_json_atomic(out / "summary.json", {"runs": runs, "groups": groups})
   notes = Path(args.notes).read_text() if args.notes else ""
   tmp = out / ".README.md.tmp"
-  tmp.write_text(render_readme(runs, groups, notes))
+  paired = paired_table([Path(p) for p in args.compare]) if args.compare else []
+  tmp.write_text(render_readme(runs, groups, notes, paired))
   os.replace(tmp, out / "README.md")
   print(f"wrote {out / 'summary.json'} and {out / 'README.md'} ({len(runs)} runs)")
   return 0
