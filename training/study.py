@@ -60,7 +60,10 @@ def run_name(dataset: str, variant: str, seed: int) -> str:
 
 def parse_run_name(name: str) -> tuple[str, str, int]:
   """``(dataset, variant, seed)`` of a run folder named by :func:`run_name`."""
-  dataset, variant, seed = re.fullmatch(r"([a-z0-9]+)-(.+)-s(\d+)", name).groups()
+  match = re.fullmatch(r"([a-z0-9]+)-(.+)-s(\d+)", name)
+  if match is None:
+    raise ValueError(f"{name!r} is not a run name DATASET-VARIANT-sSEED")
+  dataset, variant, seed = match.groups()
   return dataset, variant, int(seed)
 
 
