@@ -31,9 +31,9 @@ import jax
 import jax.numpy as jnp
 
 from cwsa_jax import _validation
-from cwsa_jax._sweep import sweep
+from cwsa_jax._sweep import SCORE_FIELDS, sweep
 
-METRICS = ("cwsa", "cwsa_plus", "selective_accuracy")
+METRICS = SCORE_FIELDS
 AXES = ("coverage", "threshold")
 
 

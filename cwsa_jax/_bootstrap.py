@@ -37,8 +37,7 @@ where Threefry-2x32 with 20 rounds is the counter-based generator behind
 multiply-shift map (Lemire, 2019) gives every index probability 1/n to
 within a relative n/2^64. Computing the bits here, unrolled, one Threefry
 block per index, is cheaper on CPU than ``jax.random.randint`` (two blocks per
-index, in a rolled loop): the whole bootstrap of a 50-threshold sweep at
-n = 1e5 runs 1.3x faster (benchmarks/bench_bootstrap.py).
+index, in a rolled loop); ``benchmarks/bench_bootstrap.py`` measures it.
 :func:`_resample_indices` returns the indices, for tests.
 """
 
@@ -130,7 +129,7 @@ def _indices_from_seed(seed: jax.Array, n: int) -> jax.Array:
   # Two halves joined by a concatenate: the concatenate is materialised, so
   # XLA computes the Threefry rounds once in a vectorised loop instead of
   # fusing (and duplicating) them into each gather that consumes the indices
-  # (measured 5x slower on CPU).
+  # (much slower on CPU).
   half = (n + 1) // 2
   parts = []
   for start, size in ((0, half), (half, n - half)):
@@ -175,7 +174,7 @@ def _map_resamples(g: Callable, arrays: tuple, key: jax.Array, num_resamples: in
   num_chunks = -(-num_resamples // chunk_size)
   size = -(-num_resamples // num_chunks)
   b = jnp.arange(num_chunks * size, dtype=jnp.uint32).reshape(num_chunks, size)
-  if size == 1:  # no vmap over a batch of one: ~7% faster for the sweep at n = 1e5
+  if size == 1:  # no vmap over a batch of one (its batched form costs more)
     return jax.lax.map(one, b[:, 0])
   out = jax.lax.map(jax.vmap(one), b)
   return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:])[:num_resamples], out)

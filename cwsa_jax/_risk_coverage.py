@@ -692,10 +692,15 @@ def risk_coverage_curve(confidences: Any, correct: Any) -> RiskCoverageCurve:
   return _validation.poison(_batched(_curve_impl, c.ndim)(c, k), rows=invalid)
 
 
-def _as_targets(x: Any, name: str, *, low_open: bool):
-  """(float32 targets, elementwise flag or None)."""
-  t = _validation.as_float_array(x, name).astype(jnp.float32)
-  return t, _validation.check_range(t, name, low_open=low_open)
+def _at_targets(impl, confidences: Any, correct: Any, targets: Any, name: str, *,
+               low_open: bool) -> jax.Array:
+  """``impl(c, correct, targets)`` over the leading axes of the scores, for any shape of
+  targets in [0, 1] (``(0, 1]`` with ``low_open``); invalid rows and targets give NaN."""
+  c, k, invalid = _prepare(confidences, correct)
+  t = _validation.as_float_array(targets, name).astype(jnp.float32)
+  target_flag = _validation.check_range(t, name, low_open=low_open)
+  result = _batched(impl, c.ndim, 1)(c, k, t)
+  return _validation.poison(result, rows=invalid, items=target_flag)
 
 
 def _first_position(n: int, target: jax.Array) -> jax.Array:
@@ -758,10 +763,8 @@ def risk_at_coverage(confidences: Any, correct: Any, coverage: Any) -> jax.Array
     >>> print([round(float(r), 4) for r in risk_at_coverage(c, ok, [0.5, 0.75, 1.0])])
     [0.0, 0.3333, 0.25]
   """
-  c, k, invalid = _prepare(confidences, correct)
-  t, target_flag = _as_targets(coverage, "coverage", low_open=True)
-  result = _batched(_risk_at_coverage_impl, c.ndim, 1)(c, k, t)
-  return _validation.poison(result, rows=invalid, items=target_flag)
+  return _at_targets(_risk_at_coverage_impl, confidences, correct, coverage, "coverage",
+                     low_open=True)
 
 
 def _coverage_at_risk_kernel(c, correct, target, *, sequential):
@@ -809,7 +812,4 @@ def coverage_at_risk(confidences: Any, correct: Any, risk: Any) -> jax.Array:
     >>> print([round(float(x), 2) for x in coverage_at_risk(c, ok, [0.0, 0.25, 0.3])])
     [0.5, 1.0, 1.0]
   """
-  c, k, invalid = _prepare(confidences, correct)
-  t, target_flag = _as_targets(risk, "risk", low_open=False)
-  result = _batched(_coverage_at_risk_impl, c.ndim, 1)(c, k, t)
-  return _validation.poison(result, rows=invalid, items=target_flag)
+  return _at_targets(_coverage_at_risk_impl, confidences, correct, risk, "risk", low_open=False)

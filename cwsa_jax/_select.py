@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from cwsa_jax import _validation
-from cwsa_jax._sweep import default_thresholds, sweep
+from cwsa_jax._sweep import SCORE_FIELDS, default_thresholds, sweep
 
-METRICS = ("cwsa", "cwsa_plus", "selective_accuracy")
+METRICS = SCORE_FIELDS
 SLACK = 1e-6  # tolerance of the constraints for float32 rounding of coverage and risk
 
 __all__ = ["METRICS", "SLACK", "ThresholdChoice", "default_thresholds", "select_threshold"]

@@ -51,6 +51,10 @@ class SweepResult(NamedTuple):
 # The metric fields of a SweepResult (everything but the thresholds).
 METRIC_FIELDS = SweepResult._fields[1:]
 
+# The metric fields that score a threshold (all but coverage): what ``select_threshold``
+# maximises and ``aumcc`` integrates, in the order their error messages list them.
+SCORE_FIELDS = ("cwsa", "cwsa_plus", "selective_accuracy")
+
 
 def default_thresholds() -> np.ndarray:
   """The default grid 0.50, 0.51, ..., 0.99 (50 thresholds, float32)."""

@@ -193,22 +193,17 @@ def cwsa_regularized_loss(logits: Any, labels: Any, *, weight: Any = 1.0, tau: A
   and gradients.
 
   Args:
-    logits: [..., n, K] unnormalised scores; leading axes are batch axes.
-    labels: [..., n] integer labels in [0, K).
-    weight: w >= 0, the regulariser's weight (0 gives plain cross-entropy).
-    tau: threshold in [0, 1) (ignored when ``band`` is given). Default 0.5.
-    temperature: T > 0 of the sigmoid gate, in confidence units. Default 0.05.
-    correctness: ``"probability"`` (default) or ``"hard"``.
-    band: optional (low, high): target the band average of soft CWSA instead
-      of one threshold.
-    num_thresholds: grid size for ``band``.
-    plus: use soft CWSA+ (no penalty for confident errors).
+    weight: w >= 0, the regulariser's weight (0 gives plain cross-entropy; may
+      be traced).
+    logits, labels, tau, temperature, correctness, band, num_thresholds, plus:
+      as :func:`cwsa_surrogate_loss`.
 
   Returns:
     [...] loss (a scalar for [n, K] logits).
 
   Raises:
-    ValueError: as :func:`cwsa_surrogate_loss`.
+    ValueError: as :func:`cwsa_surrogate_loss`, or weight negative or not
+      finite.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -224,7 +219,7 @@ def cwsa_regularized_loss(logits: Any, labels: Any, *, weight: Any = 1.0, tau: A
   logits, labels = _prepare(logits, labels)
   tau = _soft._prepare_tau(tau)
   temperature = _soft._check_temperature(temperature)
-  weight = _check_weight(weight)
+  weight = _nonnegative_scalar(weight, "weight")
   cross_entropy, surrogate = _loss_terms(
       logits, labels, tau, temperature, correctness=correctness, band=_as_band(band),
       num_thresholds=num_thresholds, plus=plus)
@@ -235,20 +230,13 @@ def cwsa_regularized_loss(logits: Any, labels: Any, *, weight: Any = 1.0, tau: A
 # Reweighted cross-entropies and the soft AURC (Zhou et al., 2025).
 
 
-def _check_gamma(gamma: Any) -> jax.Array:
-  gamma = _validation.as_float_array(gamma, "gamma")
-  if gamma.ndim != 0:
-    raise ValueError(f"gamma must be a scalar, got shape {gamma.shape}")
+def _nonnegative_scalar(x: Any, name: str) -> jax.Array:
+  """A scalar option >= 0 (``gamma``, ``weight``) as a float array."""
+  x = _validation.as_float_array(x, name)
+  if x.ndim != 0:
+    raise ValueError(f"{name} must be a scalar, got shape {x.shape}")
   # Concrete: checked; traced and negative or not finite: NaN (so is the loss).
-  return _validation.nan_if_invalid(gamma, _validation.check_nonnegative(gamma, "gamma"))
-
-
-def _check_weight(weight: Any) -> jax.Array:
-  weight = _validation.as_float_array(weight, "weight")
-  if weight.ndim != 0:
-    raise ValueError(f"weight must be a scalar, got shape {weight.shape}")
-  # Concrete: checked; traced and negative or not finite: NaN (so is the loss).
-  return _validation.nan_if_invalid(weight, _validation.check_nonnegative(weight, "weight"))
+  return _validation.nan_if_invalid(x, _validation.check_nonnegative(x, name))
 
 
 @functools.partial(jax.jit, static_argnames=("inverse",))
@@ -313,7 +301,7 @@ def focal_loss(logits: Any, labels: Any, *, gamma: Any) -> jax.Array:
     NeurIPS 2020.
   """
   logits, labels = _prepare(logits, labels)
-  return _focal(logits, labels, _check_gamma(gamma), inverse=False)
+  return _focal(logits, labels, _nonnegative_scalar(gamma, "gamma"), inverse=False)
 
 
 def inverse_focal_loss(logits: Any, labels: Any, *, gamma: Any) -> jax.Array:
@@ -330,16 +318,7 @@ def inverse_focal_loss(logits: Any, labels: Any, *, gamma: Any) -> jax.Array:
   flows through the weight), who relate its weighting to that of a
   regularised AURC.
 
-  Args:
-    logits: [..., n, K] unnormalised scores; leading axes are batch axes.
-    labels: [..., n] integer labels in [0, K).
-    gamma: scalar gamma >= 0 (may be traced).
-
-  Returns:
-    [...] loss (a scalar for [n, K] logits).
-
-  Raises:
-    ValueError: as :func:`focal_loss`.
+  Args, Returns and Raises are those of :func:`focal_loss`.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -356,7 +335,7 @@ def inverse_focal_loss(logits: Any, labels: Any, *, gamma: Any) -> jax.Array:
     2025.
   """
   logits, labels = _prepare(logits, labels)
-  return _focal(logits, labels, _check_gamma(gamma), inverse=True)
+  return _focal(logits, labels, _nonnegative_scalar(gamma, "gamma"), inverse=True)
 
 
 def _soft_aurc(confidences: jax.Array, errors: jax.Array, temperature: jax.Array) -> jax.Array:
@@ -480,11 +459,8 @@ def soft_aurc_regularized_loss(logits: Any, labels: Any, *, weight: Any = 1.0,
   shape of :func:`cwsa_regularized_loss`.
 
   Args:
-    logits: [..., n, K] unnormalised scores; leading axes are batch axes.
-    labels: [..., n] integer labels in [0, K).
     weight: w >= 0 (0 gives plain cross-entropy; may be traced).
-    temperature: T > 0 of the pairwise sigmoids (default 0.01).
-    correctness: ``"probability"`` (default) or ``"hard"``.
+    logits, labels, temperature, correctness: as :func:`soft_aurc_loss`.
 
   Returns:
     [...] loss (a scalar for [n, K] logits).
@@ -503,6 +479,6 @@ def soft_aurc_regularized_loss(logits: Any, labels: Any, *, weight: Any = 1.0,
   _check_options(correctness, None, _soft.DEFAULT_BAND_THRESHOLDS)
   logits, labels = _prepare(logits, labels)
   temperature = _soft._check_temperature(temperature)
-  weight = _check_weight(weight)
+  weight = _nonnegative_scalar(weight, "weight")
   cross_entropy, soft = _aurc_terms(logits, labels, temperature, correctness=correctness)
   return cross_entropy + weight.astype(cross_entropy.dtype) * soft

@@ -158,7 +158,8 @@ class RiskCoverageMetric(_StateMetric):
 
   Args:
     mantissa_bits: ``2^mantissa_bits`` bins per octave of ``c`` below 1/2 and
-      of ``1 - c`` above it (default 8: 64,513 bins, 1.5 MB of state).
+      of ``1 - c`` above it (default 8: 64,513 bins of 40 bytes, about 2.6 MB
+      of state).
   """
 
   def __init__(self, mantissa_bits: int = 8):

@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
+from cwsa_jax._sweep import default_thresholds  # re-exported: the grid the plots are drawn on
+
 # matplotlib (the [plots] extra) is imported where a figure is drawn: the labels and the
-# default grid below serve the command line's text reports on the core install too.
+# default grid serve the command line's text reports on the core install too.
 if TYPE_CHECKING:
   from matplotlib.figure import Figure
 
@@ -98,11 +100,6 @@ _OVER_COLOR = "#d62728"
 _UNDER_COLOR = "#ff9f1c"
 _SPARSE_COLOR = "#d9d9d9"
 _SWEEP_FIELDS = ("selective_accuracy", "cwsa", "cwsa_plus", "coverage")
-
-
-def default_thresholds() -> np.ndarray:
-  """The paper's grid 0.50, 0.51, ..., 0.99 (float32, exact two-decimal values)."""
-  return np.round(0.5 + 0.01 * np.arange(50), 2).astype(np.float32)
 
 
 def save(fig: Figure, path: str | os.PathLike, *, dpi: int = 120) -> None:

@@ -203,18 +203,14 @@ def _read_header(path: Path, f, group_by: str | None) -> tuple[_Layout, int]:
   for delimiter in DELIMITERS:
     fields = _split_line(text, delimiter)
     names = [h.strip(_SPACE).lower() for h in fields]
-    wanted = _wanted_columns(names)
+    wanted = wanted_columns(names)
     if wanted is not None:
       return _layout(path, delimiter, fields, names, wanted, group_by), number
     splits.append((len(fields), delimiter, fields, names))
   _, delimiter, fields, names = max(splits, key=lambda s: s[0])  # the most fields: the best guess
-  missing_a = [c for c in LABEL_COLUMNS if c not in names]
-  missing_b = [c for c in CORRECT_COLUMNS if c not in names]
-  missing = missing_a if len(missing_a) <= len(missing_b) else missing_b
   guess = f" (delimiter {delimiter!r})" if delimiter != "," else ""
-  raise UserError(f"{path}: missing column(s) {', '.join(missing)}; expected the columns "
-                  f"y_true,y_pred,confidence or confidence,correct, found "
-                  f"{_shown(delimiter.join(h.strip(_SPACE) for h in fields), quote=False)}{guess}")
+  raise missing_columns(
+      path, names, f"{_shown(delimiter.join(h.strip(_SPACE) for h in fields), quote=False)}{guess}")
 
 
 def _split_line(text: str, delimiter: str) -> list[str]:
@@ -224,7 +220,9 @@ def _split_line(text: str, delimiter: str) -> list[str]:
     return text.split(delimiter)
 
 
-def _wanted_columns(names: list[str]) -> tuple[str, ...] | None:
+def wanted_columns(names: list[str]) -> tuple[str, ...] | None:
+  """The layout of a header's ``names`` (stripped, lower-cased): CORRECT_COLUMNS when it has
+  them, else LABEL_COLUMNS when it has them, else None. (CSV and Parquet alike.)"""
   if "confidence" in names and "correct" in names:
     return CORRECT_COLUMNS
   if set(LABEL_COLUMNS) <= set(names):
@@ -232,20 +230,40 @@ def _wanted_columns(names: list[str]) -> tuple[str, ...] | None:
   return None
 
 
-def _layout(path: Path, delimiter: str, fields: list[str], names: list[str],
-            wanted: tuple[str, ...], group_by: str | None) -> _Layout:
+def missing_columns(path: Path, names: list[str], found: str) -> UserError:
+  """The error for a header ``names`` with neither layout: the columns missing from the nearer
+  one; ``found`` is the header as the message shows it."""
+  missing_a = [c for c in LABEL_COLUMNS if c not in names]
+  missing_b = [c for c in CORRECT_COLUMNS if c not in names]
+  missing = missing_a if len(missing_a) <= len(missing_b) else missing_b
+  return UserError(f"{path}: missing column(s) {', '.join(missing)}; expected the columns "
+                   f"y_true,y_pred,confidence or confidence,correct, found {found}")
+
+
+def group_column(path: Path, names: list[str], wanted: tuple[str, ...], group_by: str | None,
+                 *, found: str, where: str) -> str | None:
+  """The key (stripped, lower-cased) of the --group-by column in ``names``, None without one.
+
+  Refuses a --group-by column that ``names`` lacks and a needed column that stands twice;
+  ``found`` is the header and ``where`` what it is ("header", "file") as messages show them.
+  """
   needed = list(wanted)
   group_key = None
   if group_by is not None:
     group_key = group_by.strip().lower()
     if not group_key or group_key not in names:
-      found = delimiter.join(h.strip(_SPACE) for h in fields)
-      raise UserError(f"{path}: --group-by column {group_by!r} not found; the header has "
-                      f"{_shown(found, quote=False)}")
+      raise UserError(f"{path}: --group-by column {group_by!r} not found; the {where} has {found}")
     needed.append(group_key)
   for name in needed:
     if names.count(name) > 1:
-      raise UserError(f"{path}: duplicate column {name!r} in the header")
+      raise UserError(f"{path}: duplicate column {name!r} in the {where}")
+  return group_key
+
+
+def _layout(path: Path, delimiter: str, fields: list[str], names: list[str],
+            wanted: tuple[str, ...], group_by: str | None) -> _Layout:
+  found = _shown(delimiter.join(h.strip(_SPACE) for h in fields), quote=False)
+  group_key = group_column(path, names, wanted, group_by, found=found, where="header")
   columns = {name: names.index(name) for name in wanted}
   group = names.index(group_key) if group_key is not None else None
   return _Layout(delimiter, len(fields), columns, group,

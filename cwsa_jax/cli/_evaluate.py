@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 import cwsa_jax as cw
+from cwsa_jax._sweep import default_thresholds, published_thresholds
 from cwsa_jax.cli import _figures, _intervals, _io, _json, _markdown, _metrics, _output
 from cwsa_jax.cli._format import selected_rows, text_table
 from cwsa_jax.cli._settings import (Settings, add_min_coverage_flag, check_min_coverage,
@@ -23,8 +24,9 @@ _CONVENTIONS = ("step", "trapezoid", "published_code")
 _NORMALIZE = ("retained", "all")
 
 # --published-code: the paper's code (grid, ECE bins, AURC recipe, CWSA divided by n).
-_PUBLISHED = dict(thresholds="linspace:0.5:0.99:20", bins=10, aurc="published_code", normalize="all")
-_DEFAULTS = dict(thresholds="0.5:0.99:0.01", bins=15, aurc="step", normalize="retained")
+_PUBLISHED = dict(thresholds=published_thresholds(), bins=10, aurc="published_code",
+                  normalize="all")
+_DEFAULTS = dict(thresholds=default_thresholds(), bins=15, aurc="step", normalize="retained")
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -33,7 +35,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
   bins = pick("bins")
   if bins < 1:
     raise UserError(f"--bins must be >= 1, got {bins}")
-  thresholds = parse_thresholds(pick("thresholds"))
+  thresholds = pick("thresholds")
+  if isinstance(thresholds, str):  # --thresholds
+    thresholds = parse_thresholds(thresholds)
   min_coverage = check_min_coverage(args.min_coverage)
   return Settings(
       thresholds=tuple(float(t) for t in thresholds),

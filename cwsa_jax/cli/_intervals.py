@@ -20,6 +20,7 @@ import numpy as np
 
 import cwsa_jax as cw
 from cwsa_jax import _bootstrap  # its progress hook, for the command line's progress bars
+from cwsa_jax.cli._metrics import SCALARS
 from cwsa_jax.cli._settings import Settings
 from cwsa_jax.cli._util import UserError
 
@@ -75,20 +76,8 @@ def bootstrap_resamples(args: argparse.Namespace, num_samples: int, *, refuse: b
   return 0
 
 
-class IntervalMetrics(NamedTuple):
-  """Every metric with an interval: scalars, and the sweep fields [T] on the settings' grid."""
-  accuracy: Any
-  ece: Any
-  aurc: Any
-  eaurc: Any
-  augrc: Any
-  coverage: Any
-  selective_accuracy: Any
-  cwsa: Any
-  cwsa_plus: Any
-
-
-SCALARS = IntervalMetrics._fields[:5]
+# Every metric with an interval: scalars, and the sweep fields [T] on the settings' grid.
+IntervalMetrics = _bootstrap.EvaluationMetrics
 
 
 class Intervals(NamedTuple):
@@ -151,7 +140,6 @@ def evaluation_intervals(confidences: Any, correct: Any, settings: Settings, *,
           c, ok, settings.grid, key=jax.random.key(seed), num_resamples=num_resamples,
           level=level, num_bins=settings.num_bins, ece_norm=settings.ece_norm,
           aurc_convention=settings.aurc_convention, normalize=settings.normalize)
-      r = r._replace(low=IntervalMetrics(*r.low), high=IntervalMetrics(*r.high))
     else:
       r = cw.bootstrap_ci(metric_fn(settings), c, ok, key=jax.random.key(seed),
                           num_resamples=num_resamples, level=level)

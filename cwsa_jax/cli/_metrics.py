@@ -19,13 +19,8 @@ import cwsa_jax as cw
 from cwsa_jax.cli._settings import SELECTION_METRIC, Settings
 
 
-class SweepFields(NamedTuple):
-  """The threshold sweep of a report: ``thresholds`` [T]; the other fields [..., T]."""
-  thresholds: np.ndarray
-  coverage: Any
-  selective_accuracy: Any
-  cwsa: Any
-  cwsa_plus: Any
+# The threshold sweep of a report, as NumPy: ``thresholds`` [T]; the other fields [..., T].
+SweepFields = cw.SweepResult
 
 
 class Aumcc(NamedTuple):

@@ -26,7 +26,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from cwsa_jax.cli._csv import _SPACE, CONFIDENCE_SLACK, CORRECT_COLUMNS, LABEL_COLUMNS, CsvChunk
+from cwsa_jax.cli._csv import (_SPACE, CONFIDENCE_SLACK, CsvChunk, group_column, missing_columns,
+                               wanted_columns)
 from cwsa_jax.cli._util import UserError
 
 DEFAULT_BATCH_ROWS = 1 << 16
@@ -127,28 +128,10 @@ def _columns(path: Path, schema, group_by: str | None) -> tuple[dict[str, str], 
   """{needed name: the file's column name}, and the file's name of the group column."""
   found = list(schema.names)
   names = [name.strip().lower() for name in found]
-  if "confidence" in names and "correct" in names:
-    wanted = CORRECT_COLUMNS
-  elif set(LABEL_COLUMNS) <= set(names):
-    wanted = LABEL_COLUMNS
-  else:
-    missing_a = [c for c in LABEL_COLUMNS if c not in names]
-    missing_b = [c for c in CORRECT_COLUMNS if c not in names]
-    missing = missing_a if len(missing_a) <= len(missing_b) else missing_b
-    raise UserError(f"{path}: missing column(s) {', '.join(missing)}; expected the columns "
-                    f"y_true,y_pred,confidence or confidence,correct, found "
-                    f"{','.join(found) or 'none'}")
-  needed = list(wanted)
-  group_key = None
-  if group_by is not None:
-    group_key = group_by.strip().lower()
-    if not group_key or group_key not in names:
-      raise UserError(f"{path}: --group-by column {group_by!r} not found; the file has "
-                      f"{','.join(found)}")
-    needed.append(group_key)
-  for name in needed:
-    if names.count(name) > 1:
-      raise UserError(f"{path}: duplicate column {name!r}")
+  wanted = wanted_columns(names)
+  if wanted is None:
+    raise missing_columns(path, names, ",".join(found) or "none")
+  group_key = group_column(path, names, wanted, group_by, found=",".join(found), where="file")
   columns = {name: found[names.index(name)] for name in wanted}
   return columns, found[names.index(group_key)] if group_key is not None else None
 

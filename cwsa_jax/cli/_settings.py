@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from cwsa_jax import plots
+from cwsa_jax._sweep import default_thresholds
 from cwsa_jax.cli._util import UserError
 
 # The deployment threshold the reports state: the largest CWSA on the grid among the thresholds
@@ -17,15 +17,10 @@ SELECTION_METRIC = "cwsa"
 DEFAULT_MIN_COVERAGE = 0.8
 
 
-def published_code_thresholds() -> np.ndarray:
-  """``np.linspace(0.5, 0.99, 20)``: the grid of the paper's published code."""
-  return np.linspace(0.5, 0.99, 20).astype(np.float32)
-
-
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """Metric conventions (defaults: the library's; see ``evaluate --help``)."""
-  thresholds: tuple[float, ...] = tuple(float(t) for t in plots.default_thresholds())
+  thresholds: tuple[float, ...] = tuple(float(t) for t in default_thresholds())
   num_bins: int = 15
   binning: str = "width"
   ece_norm: str = "l1"

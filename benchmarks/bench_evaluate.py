@@ -1,0 +1,101 @@
+"""``cwsa-jax evaluate`` end to end on large CSV and Parquet files: wall time and peak memory.
+
+Usage: python benchmarks/bench_evaluate.py [--rows 2e6,5e6] [--formats csv,parquet]
+       [--bootstrap 1000] [--out results/benchmarks/evaluate.json]
+
+Each file (``y_true,y_pred,confidence``, 10 classes, about 80% accuracy,
+confidence ~ U(0.3, 1) and correct with probability c; seed 0) is written to
+a temporary folder, then ``cwsa-jax evaluate FILE`` runs in a fresh process
+with the default settings (the 50-threshold sweep, ECE, AURC family, the
+per-class breakdown, ``--bootstrap`` resamples of every interval, the figures)
+and ``--no-progress``. Recorded per file: the file's size, the wall time of
+the whole command (interpreter start and JAX compilation included) and the
+peak RSS of that process (``ru_maxrss`` of the child). The goals of issue 13:
+a 5M-row CSV in <= 60 s and a 2M-row one in <= 30 s with default intervals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import environment, load_average, write_json_atomic  # noqa: E402
+
+
+def write_file(path: Path, n: int) -> None:
+  rng = np.random.default_rng(0)
+  c = rng.uniform(0.3, 1.0, n).astype(np.float32)
+  y_true = rng.integers(0, 10, n)
+  correct = rng.random(n) < c
+  y_pred = np.where(correct, y_true, (y_true + rng.integers(1, 10, n)) % 10)
+  if path.suffix == ".parquet":
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+    pq.write_table(pa.table({"y_true": y_true, "y_pred": y_pred, "confidence": c}), path)
+    return
+  with open(path, "w") as f:
+    f.write("y_true,y_pred,confidence\n")
+    for start in range(0, n, 1_000_000):
+      stop = min(n, start + 1_000_000)
+      block = np.column_stack([y_true[start:stop], y_pred[start:stop]]).astype(str)
+      conf = np.char.mod("%.6f", c[start:stop])
+      f.write("\n".join(f"{a},{b},{x}" for (a, b), x in zip(block, conf)) + "\n")
+
+
+def run_evaluate(path: Path, out: Path, bootstrap: int) -> dict:
+  """Runs the command in a child; its own peak RSS comes from ``os.wait4``."""
+  with tempfile.TemporaryFile("w+") as err:
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "cwsa_jax.cli", "evaluate", str(path), "--out",
+                             str(out), "--bootstrap", str(bootstrap), "--no-progress"],
+                            stdout=subprocess.DEVNULL, stderr=err)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err.seek(0)
+    row = {"exit": proc.returncode, "wall_s": wall, "peak_rss_mb": usage.ru_maxrss / 1024}
+    if proc.returncode != 0:
+      row["stderr"] = err.read()[-2000:]
+  return row
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--rows", default="2e6,5e6")
+  parser.add_argument("--formats", default="csv,parquet")
+  parser.add_argument("--bootstrap", type=int, default=1000)
+  parser.add_argument("--out", default=None)
+  args = parser.parse_args(argv)
+  payload = {"benchmark": "evaluate_end_to_end", **environment(), "load_average_before": load_average(),
+             "settings": {"bootstrap": args.bootstrap, "command": "cwsa-jax evaluate FILE --bootstrap B "
+                          "--no-progress (defaults otherwise: figures, per-class breakdown)"},
+             "rows": []}
+  sizes = sorted(int(float(s)) for s in args.rows.split(","))
+  with tempfile.TemporaryDirectory() as tmp:
+    for n in sizes:
+      for fmt in args.formats.split(","):
+        path = Path(tmp) / f"pred-{n}.{fmt}"
+        write_file(path, n)
+        row = {"rows": n, "format": fmt, "file_mb": path.stat().st_size / 1e6,
+               **run_evaluate(path, Path(tmp) / f"out-{n}-{fmt}", args.bootstrap)}
+        path.unlink()
+        payload["rows"].append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+  payload["load_average_after"] = load_average()
+  if args.out:
+    write_json_atomic(args.out, payload)
+  print(json.dumps(payload, indent=1))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
