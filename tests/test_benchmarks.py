@@ -284,3 +284,19 @@ def test_accelerator_bandwidth_table():
   assert accelerator.spec_bandwidth("NVIDIA A100-SXM4-80GB") == 2.039e12
   assert accelerator.spec_bandwidth("NVIDIA L40S") == 0.864e12
   assert accelerator.spec_bandwidth("cpu") is None
+
+
+def test_bench_evaluate_runs_the_command_on_csv_and_parquet(tmp_path):
+  pytest.importorskip("pyarrow")
+  out = tmp_path / "evaluate.json"
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_evaluate.py"),
+                         "--rows", "2000", "--bootstrap", "200", "--out", str(out)],
+                        capture_output=True, text=True, cwd=ROOT, timeout=300,
+                        env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  payload = json.loads(proc.stdout)
+  assert payload == json.loads(out.read_text())
+  assert [(r["rows"], r["format"]) for r in payload["rows"]] == [(2000, "csv"), (2000, "parquet")]
+  for row in payload["rows"]:
+    assert row["exit"] == 0, row
+    assert row["wall_s"] > 0 and row["peak_rss_mb"] > 50 and row["file_mb"] > 0
