@@ -43,6 +43,8 @@ index, in a rolled loop); ``benchmarks/bench_bootstrap.py`` measures it.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import contextlib
 import contextvars
 import functools
@@ -68,6 +70,8 @@ BLOCK_ELEMENTS = 1 << 20
 # bootstrap_evaluation's cheaper resamples: more per call, so that the buffers of
 # one call serve several resamples of a large test set.
 EVALUATION_BLOCK_ELEMENTS = 1 << 26
+# Blocks of resamples computed at once, on host threads: two cores' worth.
+BLOCKS_IN_FLIGHT = 2
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _PARITY = np.uint32(0x1BD11BDA)
@@ -217,24 +221,39 @@ def _traced(*values: Any) -> bool:
 
 def _run_blocks(block: Callable, num_resamples: int, chunk_size: int, n: int, *,
                 block_elements: int | None = None):
-  """``block(start, size, num_chunks)`` over the resamples, one call at a time, joined [B, ...].
+  """``block(start, size, num_chunks)`` over the resamples, joined [B, ...].
 
   The chunks (``size`` resamples each, as in :func:`_map_resamples`) are grouped
-  in blocks of about ``BLOCK_ELEMENTS`` resampled values; each block is waited
-  for before the next starts, so a KeyboardInterrupt is raised within one block.
+  in blocks of about ``BLOCK_ELEMENTS`` resampled values. Up to
+  :data:`BLOCKS_IN_FLIGHT` blocks run at once on host threads (each block's
+  loop over its chunks is sequential, so two use two cores); blocks start in
+  order and are joined in order, so the result does not depend on the timing,
+  and a KeyboardInterrupt is raised within about one block.
   """
   num_chunks = -(-num_resamples // chunk_size)
   size = -(-num_resamples // num_chunks)
   per_block = max(1, min(num_chunks, (block_elements or BLOCK_ELEMENTS) // (size * n)))
   report = _REPORT.get()
+  starts = list(range(0, num_chunks, per_block))
+  run = lambda first: jax.block_until_ready(block(jnp.uint32(first * size), size, per_block))  # noqa: E731
   parts, done = [], 0
-  for first in range(0, num_chunks, per_block):
-    part = jax.block_until_ready(block(jnp.uint32(first * size), size, per_block))
-    parts.append(part)
-    if report is not None:
-      now = min(num_resamples, (first + per_block) * size)
-      report(now - done)
-      done = now
+  with concurrent.futures.ThreadPoolExecutor(BLOCKS_IN_FLIGHT) as pool:
+    pending = collections.deque()
+    try:
+      for i, first in enumerate(starts):
+        pending.append(pool.submit(run, first))
+        if len(pending) < BLOCKS_IN_FLIGHT and i + 1 < len(starts):
+          continue
+        while pending and (len(pending) >= BLOCKS_IN_FLIGHT or i + 1 == len(starts)):
+          parts.append(pending.popleft().result())
+          if report is not None:
+            now = min(num_resamples, len(parts) * per_block * size)
+            report(now - done)
+            done = now
+    except BaseException:
+      for future in pending:
+        future.cancel()
+      raise
   return jax.tree.map(lambda *xs: jnp.concatenate(xs)[:num_resamples], *parts)
 
 
