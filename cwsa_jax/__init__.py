@@ -59,6 +59,8 @@ from cwsa_jax._soft import soft_cwsa_band_area
 from cwsa_jax._soft import soft_cwsa_plus
 from cwsa_jax._soft import soft_cwsa_sweep
 from cwsa_jax._sweep import SweepResult
+from cwsa_jax._sweep import default_thresholds
+from cwsa_jax._sweep import published_thresholds
 from cwsa_jax._sweep import sweep
 from cwsa_jax._temperature import fit_temperature
 
@@ -108,4 +110,6 @@ __all__ = [
     "soft_cwsa_sweep",
     "sweep",
     "sweep_by_group",
+    "default_thresholds",
+    "published_thresholds",
 ]

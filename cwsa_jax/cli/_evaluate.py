@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 
 import cwsa_jax as cw
-from cwsa_jax._sweep import default_thresholds, published_thresholds
 from cwsa_jax.cli import _figures, _intervals, _io, _json, _markdown, _metrics, _output
 from cwsa_jax.cli._format import selected_rows, text_table
 from cwsa_jax.cli._settings import (Settings, add_min_coverage_flag, check_min_coverage,
@@ -24,9 +23,9 @@ _CONVENTIONS = ("step", "trapezoid", "published_code")
 _NORMALIZE = ("retained", "all")
 
 # --published-code: the paper's code (grid, ECE bins, AURC recipe, CWSA divided by n).
-_PUBLISHED = dict(thresholds=published_thresholds(), bins=10, aurc="published_code",
+_PUBLISHED = dict(thresholds=cw.published_thresholds(), bins=10, aurc="published_code",
                   normalize="all")
-_DEFAULTS = dict(thresholds=default_thresholds(), bins=15, aurc="step", normalize="retained")
+_DEFAULTS = dict(thresholds=cw.default_thresholds(), bins=15, aurc="step", normalize="retained")
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:

@@ -24,12 +24,12 @@ import jax
 import numpy as np
 from matplotlib.figure import Figure
 
+import cwsa_jax as cw
 from cwsa_jax import plots
 from cwsa_jax import synthetic
 from cwsa_jax.cli import _json, _metrics, _output, _synthetic
 from cwsa_jax.cli._format import markdown_table, text_table
 from cwsa_jax.cli._metrics import Metrics
-from cwsa_jax._sweep import published_thresholds
 from cwsa_jax.cli._settings import Settings
 from cwsa_jax.cli._util import progress_bar, progress_enabled, stage, write_json_atomic
 
@@ -348,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
                               why=" (a spread needs several seeds)")
   start = time.perf_counter()
   show = progress_enabled(args)
-  settings = Settings(thresholds=tuple(float(t) for t in published_thresholds()),
+  settings = Settings(thresholds=tuple(float(t) for t in cw.published_thresholds()),
                       num_bins=10, aurc_convention="published_code")
   models = synthetic.MODELS
   with stage("drawing the models", enabled=show):

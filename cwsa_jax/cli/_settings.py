@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from cwsa_jax._sweep import default_thresholds
+import cwsa_jax as cw
 from cwsa_jax.cli._util import UserError
 
 # The deployment threshold the reports state: the largest CWSA on the grid among the thresholds
@@ -20,7 +20,7 @@ DEFAULT_MIN_COVERAGE = 0.8
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """Metric conventions (defaults: the library's; see ``evaluate --help``)."""
-  thresholds: tuple[float, ...] = tuple(float(t) for t in default_thresholds())
+  thresholds: tuple[float, ...] = tuple(float(t) for t in cw.default_thresholds())
   num_bins: int = 15
   binning: str = "width"
   ece_norm: str = "l1"
