@@ -237,19 +237,24 @@ def _run_blocks(block: Callable, num_resamples: int, chunk_size: int, n: int, *,
   starts = list(range(0, num_chunks, per_block))
   run = lambda first: jax.block_until_ready(block(jnp.uint32(first * size), size, per_block))  # noqa: E731
   parts, done = [], 0
+
+  def collect(future) -> None:  # the oldest block, in order
+    nonlocal done
+    parts.append(future.result())
+    if report is not None:
+      now = min(num_resamples, len(parts) * per_block * size)
+      report(now - done)
+      done = now
+
   with concurrent.futures.ThreadPoolExecutor(BLOCKS_IN_FLIGHT) as pool:
     pending = collections.deque()
     try:
-      for i, first in enumerate(starts):
+      for first in starts:
         pending.append(pool.submit(run, first))
-        if len(pending) < BLOCKS_IN_FLIGHT and i + 1 < len(starts):
-          continue
-        while pending and (len(pending) >= BLOCKS_IN_FLIGHT or i + 1 == len(starts)):
-          parts.append(pending.popleft().result())
-          if report is not None:
-            now = min(num_resamples, len(parts) * per_block * size)
-            report(now - done)
-            done = now
+        if len(pending) == BLOCKS_IN_FLIGHT:
+          collect(pending.popleft())
+      while pending:
+        collect(pending.popleft())
     except BaseException:
       for future in pending:
         future.cancel()

@@ -249,15 +249,17 @@ def _paired_cell(d: dict, metric: str, index: int | None) -> str:
 def paired_table(compares: list[Path]) -> list[str]:
   """The ``cwsa-jax compare A B`` results (A a loss, B cross-entropy, same seed): one row per
   (dataset, loss, metric), one column per seed."""
-  rows: dict[tuple[str, str, str], dict[int, str]] = {}
-  thresholds = None
+  # Keyed by the metric's position in PAIRED_METRICS: the table keeps that order.
+  rows: dict[tuple[str, str, int], dict[int, str]] = {}
+  names: list[str] = []
   for path in compares:
     d = json.loads(path.read_text())
     dataset, variant, seed = parse_run_name(Path(d["a"]).parent.name)
     thresholds = d["settings"]["thresholds"]
-    for metric, index in PAIRED_METRICS:
-      name = metric if index is None else f"{metric}@{thresholds[index]:g}"
-      rows.setdefault((dataset, variant, name), {})[seed] = _paired_cell(d, metric, index)
+    names = [metric if index is None else f"{metric}@{thresholds[index]:g}"
+             for metric, index in PAIRED_METRICS]
+    for j, (metric, index) in enumerate(PAIRED_METRICS):
+      rows.setdefault((dataset, variant, j), {})[seed] = _paired_cell(d, metric, index)
   seeds = sorted({seed for cells in rows.values() for seed in cells})
   lines = ["", "## Paired differences against cross-entropy", "",
            "`cwsa-jax compare runs/DATASET-LOSS-sS/predictions.npz runs/DATASET-ce-sS/predictions.npz` "
@@ -266,10 +268,8 @@ def paired_table(compares: list[Path]) -> list[str]:
            "`compare/`.", "",
            "| dataset | loss | metric | " + " | ".join(f"seed {s}" for s in seeds) + " |",
            "|---|---|---|" + "---|" * len(seeds)]
-  for (dataset, variant, name), cells in sorted(rows.items(), key=lambda kv: (
-      kv[0][0], kv[0][1], [m if i is None else f"{m}@{thresholds[i]:g}"
-                           for m, i in PAIRED_METRICS].index(kv[0][2]))):
-    lines.append(f"| {DATASET_LABEL.get(dataset, dataset)} | {variant} | {name} | "
+  for (dataset, variant, j), cells in sorted(rows.items()):
+    lines.append(f"| {DATASET_LABEL.get(dataset, dataset)} | {variant} | {names[j]} | "
                  + " | ".join(cells.get(s, "—") for s in seeds) + " |")
   return lines
 
