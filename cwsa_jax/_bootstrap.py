@@ -48,6 +48,7 @@ import concurrent.futures
 import contextlib
 import contextvars
 import functools
+import math
 from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
@@ -146,6 +147,60 @@ def _indices_from_seed(seed: jax.Array, n: int) -> jax.Array:
 
 def _seed(key: jax.Array, b: jax.Array) -> jax.Array:
   return jax.random.bits(jax.random.fold_in(key, b), (2,), jnp.uint32)
+
+
+def _poisson_thresholds() -> np.ndarray:
+  """uint32 [12]: round(2^32 P(X <= k)) for X ~ Poisson(1), k = 0, 1, ..., while below 2^32."""
+  out, cdf, k = [], 0.0, 0
+  while True:
+    cdf += math.exp(-1.0) / math.factorial(k)
+    t = round(cdf * 2.0 ** 32)
+    if t >= 1 << 32:
+      return np.asarray(out, np.uint32)
+    out.append(t)
+    k += 1
+
+
+_POISSON_THRESHOLDS = _poisson_thresholds()
+
+
+def _poisson_from_seed(seed: jax.Array, index: jax.Array) -> jax.Array:
+  """Poisson(1) multiplicities [n] int32 of the samples with row numbers ``index`` [n] uint32."""
+  w, _ = _threefry2x32(seed[0], seed[1], jnp.zeros((), jnp.uint32), index)
+  m = jnp.zeros(index.shape, jnp.int32)
+  for t in _POISSON_THRESHOLDS:  # m = #{k : w >= t_k}: the inverse CDF
+    m = m + (w >= t).astype(jnp.int32)
+  return m
+
+
+@functools.partial(jax.jit, static_argnames=("num_resamples",))
+def _poisson_multiplicities_jit(key, index, num_resamples: int) -> jax.Array:
+  b = jnp.arange(num_resamples, dtype=jnp.uint32)
+  return jax.vmap(lambda i: _poisson_from_seed(_seed(key, i), index))(b)
+
+
+def _poisson_multiplicities(key: Any, rows: Any, num_resamples: int) -> jax.Array:
+  """The Poisson-bootstrap multiplicities [num_resamples, n] int32 of the rows ``rows`` [n].
+
+  Resample b gives row r (a global row number, so that shards of a file can be
+  resampled apart and merged) the multiplicity
+
+  .. math::
+
+    m_{br} = \\#\\{k : w_{br} \\ge t_k\\}, \\qquad
+    w_{br} = \\mathrm{Threefry2x32\\text{-}20}_{(s_0, s_1)}(0, r)_0, \\qquad
+    t_k = \\mathrm{round}(2^{32} P(X \\le k)),\\ X \\sim \\mathrm{Poisson}(1),
+
+  with (s_0, s_1) the seed of resample b as in the module docstring: Poisson(1)
+  with its probabilities rounded to multiples of 2^-32 (values 0 to 12; the tail
+  beyond 12, below 1e-10, is folded into 12).
+  """
+  rows = np.asarray(rows)
+  if rows.ndim != 1 or not np.issubdtype(rows.dtype, np.integer) or (
+      rows.size and (rows.min() < 0 or rows.max() >= 1 << 32)):
+    raise ValueError("rows must be a 1-D array of row numbers in [0, 2^32)")
+  return _poisson_multiplicities_jit(_check_key(key), jnp.asarray(rows.astype(np.uint32)),
+                                     int(num_resamples))
 
 
 @functools.partial(jax.jit, static_argnames=("n", "num_resamples"))
@@ -733,6 +788,7 @@ def bootstrap_sweep(confidences, correct, thresholds, *, key, num_resamples: int
 
 _SCAN_BLOCK = 1024
 _DIGIT_BITS = 6
+RESAMPLING = ("multinomial", "poisson")
 _MAX_EVALUATION_N = 1 << 25  # 63 n < 2^31: the digit sums stay exact int32
 
 
@@ -752,6 +808,7 @@ class EvaluationMetrics(NamedTuple):
 class _Evaluation(NamedTuple):
   """The data of one evaluation bootstrap, prepared once (per sample: in sorted order)."""
   rank: jax.Array | None   # [n] sorted position of input sample i (None: the input is sorted)
+  source: jax.Array | None  # [n] uint32 input row of each sorted position (Poisson scheme only)
   segment: jax.Array       # [n] 2 (bucket of the merged grid) + correct
   digits: jax.Array        # [4, n] 6-bit digits of the binary layout's columns u_hi, u_lo
   correct: jax.Array       # [n] bool
@@ -768,6 +825,7 @@ class _Plan(NamedTuple):
   ece_norm: str
   convention: str
   normalize: str
+  scheme: str  # "multinomial" or "poisson"
 
 
 def _sum_float(x: jax.Array) -> jax.Array:
@@ -797,8 +855,10 @@ def _weighted_bucket_sums(m: jax.Array, data: _Evaluation, num_buckets: int):
   """Exact per-bucket sums (hi, lo) [G + 1, 6] (the sweep's binary layout) of the resample
   with multiplicities ``m``: sums of m and of m times the 6-bit digits, per segment.
 
-  Every chunk sum is at most 63 n (the digits are below 64 and the multiplicities add
-  up to n), an exact int32 for n < 2^25; two digits d, d' give the column 64 d + d'.
+  Every chunk sum is at most 63 n (the digits are below 64 and multinomial
+  multiplicities add up to n; Poisson ones are at most 12, so a chunk of 2^18 samples
+  sums to at most 756 * 2^18), an exact int32 for n < 2^25; two digits d, d' give the
+  column 64 d + d'.
   """
   def columns_fn(segment, mi, *digits):
     return segment, jnp.stack([mi] + [mi * d.astype(jnp.int32) for d in digits])
@@ -823,7 +883,7 @@ def _sweep_and_calibration(m, data: _Evaluation, thresholds, order, plan):
   out = {}
   rows = jnp.concatenate([jnp.zeros((1,), jnp.int32), data.retained])  # entry 0: everything
   sums = _stats.sums_from_columns(_exact.to_float(hi[rows], lo[rows]), False)
-  out["accuracy"] = sums.correct[0] / m.shape[0]  # an exact count below 2^24
+  out["accuracy"] = sums.correct[0] / sums.count[0]  # exact counts below 2^24
   result = _stats.renormalize(
       _sweep.result_from_sums(sums, thresholds, order, jnp.zeros((), bool)), plan.normalize)
   out.update({f: getattr(result, f) for f in _sweep.METRIC_FIELDS})
@@ -846,9 +906,8 @@ def _areas(m, data: _Evaluation, harmonic, convention: str):
   with W = K - K', and W E or W (E + E')/2 to n^2 AUGRC. float32 sums per
   block of samples, then over the blocks.
   """
-  n = m.shape[0]
-  size = min(_SCAN_BLOCK, n)
-  pad = -n % size
+  size = min(_SCAN_BLOCK, m.shape[0])
+  pad = -m.shape[0] % size
   errors = jnp.where(data.correct, 0, m)
   xs = [jnp.pad(x, (0, pad)).reshape(-1, size) for x in (m, errors, data.group_end)]
   step_rule = convention == "step"
@@ -882,24 +941,29 @@ def _areas(m, data: _Evaluation, harmonic, convention: str):
     return (k, e, k_last, e_last, r_last, area + a, generalized + g), None
 
   i0, f0 = jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32)
-  (_, num_errors, _, _, _, area, generalized), _ = lax.scan(block, (i0, i0, i0, i0, f0, f0, f0),
-                                                             xs)
+  (total, num_errors, _, _, _, area, generalized), _ = lax.scan(
+      block, (i0, i0, i0, i0, f0, f0, f0), xs)
+  n = total.astype(jnp.float32)  # the resample's size: sum of m
   aurc = area / n
   augrc = generalized / n / n
-  num_right = n - num_errors
+  num_right = total - num_errors
   if step_rule:
-    # sum_{k = r + 1}^{n} (k - r)/k / n with r correct: (E - r (H_n - H_r)) / n.
-    oracle = (num_errors.astype(jnp.float32)
-              - num_right.astype(jnp.float32) * harmonic[num_right]) / n
+    # sum_{k = r + 1}^{n} (k - r)/k / n with r correct: (E - r (H_n - H_r)) / n, H_n - H_r
+    # from the tail sums (NaN for a Poisson resample beyond the table: never in practice).
+    in_table = total < harmonic.shape[0]
+    tails = harmonic[num_right] - harmonic[jnp.minimum(total, harmonic.shape[0] - 1)]
+    oracle = jnp.where(in_table, (num_errors.astype(jnp.float32)
+                                  - num_right.astype(jnp.float32) * tails) / n, jnp.nan)
   else:
     oracle = 0.5 * (num_errors.astype(jnp.float32) / n) ** 2
-  degenerate = (num_errors == 0) | (num_errors == n)
+  degenerate = (num_errors == 0) | (num_errors == total)
   eaurc = jnp.where(degenerate, 0.0, jnp.maximum(aurc - oracle, 0.0))
   return {"aurc": aurc, "augrc": augrc, "eaurc": eaurc}
 
 
 def _prepare_evaluation(confidences: np.ndarray, correct: np.ndarray,
-                        sorted_thresholds: np.ndarray, num_bins: int) -> tuple[_Evaluation, int]:
+                        sorted_thresholds: np.ndarray, num_bins: int,
+                        scheme: str) -> tuple[_Evaluation, int]:
   """The one sort (on the host), each sample's bucket of the merged grid of thresholds and
   bin edges, and the buckets where the retained sets and the bins start."""
   n = confidences.shape[0]
@@ -914,12 +978,13 @@ def _prepare_evaluation(confidences: np.ndarray, correct: np.ndarray,
   retained = np.searchsorted(grid, sorted_thresholds) + 1
   bins = np.concatenate([[0], np.searchsorted(grid, edges) + 1, [grid.shape[0] + 1]])
   rank = None
-  if not np.array_equal(order, np.arange(n)):
+  if scheme == "multinomial" and not np.array_equal(order, np.arange(n)):
     rank = np.empty(n, np.int32)
     rank[order] = np.arange(n, dtype=np.int32)
   sorted_bits = bits[order]
   data = _Evaluation(
       rank=None if rank is None else jnp.asarray(rank),
+      source=jnp.asarray(order.astype(np.uint32)) if scheme == "poisson" else None,
       segment=jnp.asarray((2 * bucket + correct[order]).astype(np.int32)),
       digits=digits,
       correct=jnp.asarray(correct[order]),
@@ -945,9 +1010,12 @@ def _evaluation_block_jit(data, thresholds, order, harmonic, key, start, plan, n
   n = data.correct.shape[0]
 
   def one(b):
-    idx = _indices_from_seed(_seed(key, b), n)
-    position = idx if data.rank is None else data.rank[idx]
-    m = jnp.zeros((n,), jnp.int32).at[position].add(1, mode="promise_in_bounds")
+    if plan.scheme == "poisson":  # each sorted sample's multiplicity, from its input row
+      m = _poisson_from_seed(_seed(key, b), data.source)
+    else:
+      idx = _indices_from_seed(_seed(key, b), n)
+      position = idx if data.rank is None else data.rank[idx]
+      m = jnp.zeros((n,), jnp.int32).at[position].add(1, mode="promise_in_bounds")
     return _evaluate(m, data, thresholds, order, harmonic, plan)
 
   return lax.map(one, start + jnp.arange(num_chunks, dtype=jnp.uint32))
@@ -955,12 +1023,19 @@ def _evaluation_block_jit(data, thresholds, order, harmonic, key, start, plan, n
 
 def bootstrap_evaluation(confidences, correct, thresholds, *, key, num_resamples: int = 1000,
                          level: float = 0.95, num_bins: int = 15, ece_norm: str = "l1",
-                         aurc_convention: str = "step",
-                         normalize: str = "retained") -> BootstrapResult:
+                         aurc_convention: str = "step", normalize: str = "retained",
+                         resampling: str = "multinomial") -> BootstrapResult:
   """Percentile intervals of every metric of the evaluation report, from one sort.
 
-  The same resamples as :func:`bootstrap_ci` for the same ``key`` (resample b
-  draws the indices I_b of the module docstring), evaluated without sorting
+  With ``resampling="multinomial"``, the same resamples as :func:`bootstrap_ci`
+  for the same ``key`` (resample b draws the indices I_b of the module
+  docstring); with ``"poisson"``, the Poisson bootstrap: resample b gives input
+  row r the multiplicity m_br ~ Poisson(1) of :func:`_poisson_multiplicities`,
+  independently per row, so the resample's size varies around n and shards of
+  the data can be resampled apart (each row's multiplicity depends only on
+  ``key``, b and its row number). It needs no gather or scatter of indices,
+  and its intervals agree with the multinomial ones as n grows (Hanley and
+  MacGibbon, 2006; Chamandy et al., 2012). Each resample is evaluated without sorting
   or binning anything again: the sweep at ``thresholds`` and the equal-width
   ECE family (``num_bins`` bins, ``ece_norm`` as :func:`~cwsa_jax.ece`'s
   ``norm``) come from one pass of the sweep's exact bucket sums over the
@@ -980,6 +1055,7 @@ def bootstrap_evaluation(confidences, correct, thresholds, *, key, num_resamples
     aurc_convention: ``"step"`` or ``"trapezoid"`` (the published code's
       convention depends on the order of tied samples: use :func:`bootstrap_ci`).
     normalize: the sweep's CWSA normalisation.
+    resampling: ``"multinomial"`` (n indices drawn with replacement) or ``"poisson"``.
 
   Returns:
     :class:`BootstrapResult` whose fields are :class:`EvaluationMetrics`
@@ -992,6 +1068,8 @@ def bootstrap_evaluation(confidences, correct, thresholds, *, key, num_resamples
                      "(bootstrap_ci handles the published code's convention)")
   if ece_norm not in ("l1", "l2", "max"):
     raise ValueError(f"ece_norm must be 'l1', 'l2' or 'max', got {ece_norm!r}")
+  if resampling not in RESAMPLING:
+    raise ValueError(f"resampling must be 'multinomial' or 'poisson', got {resampling!r}")
   num_bins = _validation.positive_int(num_bins, "num_bins")
   c, k = _check_data(confidences, correct)
   if not _validation.is_concrete(c, k):
@@ -1007,9 +1085,12 @@ def bootstrap_evaluation(confidences, correct, thresholds, *, key, num_resamples
   level = _check_level(level)
   order, sorted_t = _sweep.sorted_thresholds(t)
   data, num_buckets = _prepare_evaluation(np.asarray(c, np.float32), np.asarray(k),
-                                          np.asarray(sorted_t), num_bins)
-  harmonic = jnp.asarray(_harmonic_tail(n) if aurc_convention == "step" else np.zeros(1))
-  plan = _Plan(num_buckets, t.shape[0], num_bins, ece_norm, aurc_convention, normalize)
+                                          np.asarray(sorted_t), num_bins, resampling)
+  # A Poisson resample's size exceeds n + 12 sqrt(n) + 64 with probability below e^-70.
+  largest = n if resampling == "multinomial" else n + 12 * math.isqrt(n) + 64
+  harmonic = jnp.asarray(_harmonic_tail(largest) if aurc_convention == "step" else np.zeros(1))
+  plan = _Plan(num_buckets, t.shape[0], num_bins, ece_norm, aurc_convention, normalize,
+               resampling)
   estimate = EvaluationMetrics(**_evaluation_estimate_jit(data, t, order, harmonic, plan))
   samples = _run_blocks(
       lambda start, size, chunks: _evaluation_block_jit(data, t, order, harmonic, key, start, plan,

@@ -379,6 +379,73 @@ def test_bootstrap_evaluation_matches_float64_references(convention, norm):
   np.testing.assert_allclose(flat(r.high), high, atol=ATOL, rtol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("convention, norm", [("step", "l1"), ("trapezoid", "max")])
+def test_bootstrap_evaluation_poisson_matches_float64_references(convention, norm):
+  """Poisson resampling: each resample is the data with row i repeated m_bi times."""
+  from cwsa_jax._bootstrap import _poisson_multiplicities, bootstrap_evaluation
+  c, ok = data(seed=8)
+  c[: N // 4] = np.round(c[: N // 4], 2)
+  r = bootstrap_evaluation(c, ok, GRID, key=KEY, num_resamples=B, num_bins=10, ece_norm=norm,
+                           aurc_convention=convention, resampling="poisson")
+  m = np.asarray(_poisson_multiplicities(KEY, np.arange(N), B))
+  assert len(set(m.sum(axis=1))) > 1  # the resample size varies
+
+  def ref(ci, ki):
+    s = reference.sweep(ci, ki, GRID)
+    return np.concatenate([
+        [np.mean(ki), reference.ece(ci, ki, num_bins=10, norm=norm),
+         reference.aurc(ci, ki, convention), reference.eaurc(ci, ki, convention),
+         reference.aurc(ci, ki, convention, generalized=True)], s.T.reshape(-1)])
+
+  want = np.stack([ref(np.repeat(c, mi), np.repeat(ok, mi)) for mi in m])
+  flat = lambda x: np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in x])  # noqa: E731
+  np.testing.assert_allclose(flat(r.estimate), ref(c, ok), atol=ATOL, rtol=0, equal_nan=True)
+  low, high = quantiles(want)
+  np.testing.assert_allclose(flat(r.low), low, atol=ATOL, rtol=0, equal_nan=True)
+  np.testing.assert_allclose(flat(r.high), high, atol=ATOL, rtol=0, equal_nan=True)
+
+
+def test_poisson_multiplicities_are_poisson_and_depend_on_the_row_only():
+  from cwsa_jax._bootstrap import _poisson_multiplicities
+  rows = np.arange(20_000)
+  m = np.asarray(_poisson_multiplicities(KEY, rows, 10))
+  assert m.dtype == np.int32 and m.min() >= 0 and m.max() <= 12
+  # Frequencies of 0..5 against the Poisson(1) pmf, within 5 binomial sd.
+  counts = np.bincount(m.ravel(), minlength=13)[:6]
+  pmf = np.exp(-1.0) / np.array([1, 1, 2, 6, 24, 120], np.float64)
+  sd = np.sqrt(m.size * pmf * (1 - pmf))
+  assert np.all(np.abs(counts - m.size * pmf) < 5 * sd), (counts, m.size * pmf)
+  # Rows are independent across resamples and rows: correlation of neighbours near 0.
+  assert abs(np.corrcoef(m[:, :-1].ravel(), m[:, 1:].ravel())[0, 1]) < 0.01
+  assert abs(np.corrcoef(m[:-1].ravel(), m[1:].ravel())[0, 1]) < 0.01
+  # A shard's multiplicities are those of its rows in the whole file.
+  np.testing.assert_array_equal(
+      np.asarray(_poisson_multiplicities(KEY, rows[7000:9000], 10)), m[:, 7000:9000])
+  with pytest.raises(ValueError, match="row numbers"):
+    _poisson_multiplicities(KEY, np.array([-1, 2]), 3)
+
+
+def test_bootstrap_evaluation_poisson_coverage_of_known_population_values():
+  # As test_coverage_of_known_population_values: c ~ U[0, 1], correct ~ Bernoulli(c) gives
+  # accuracy 1/2, CWSA and selective accuracy at 0.5 of 1/3 and 3/4, and step AURC
+  # int_0^1 q/2 dq = 1/4 (risk q/2 at coverage q), up to its O(1/n) bias.
+  from cwsa_jax._bootstrap import bootstrap_evaluation
+  truth = np.array([0.5, 1.0 / 3.0, 0.75, 0.25])
+  reps, rng = 200, np.random.default_rng(13)
+  grid = np.array([0.5], np.float32)
+  covered = []
+  for i in range(reps):
+    c = rng.uniform(0.0, 1.0, N).astype(np.float32)
+    ok = rng.uniform(size=N) < c
+    r = bootstrap_evaluation(c, ok, grid, key=jax.random.key(i), num_resamples=500,
+                             resampling="poisson")
+    pick = lambda x: np.array([x.accuracy, x.cwsa[0], x.selective_accuracy[0], x.aurc])  # noqa: E731
+    covered.append((pick(r.low) <= truth) & (truth <= pick(r.high)))
+  covered = np.mean(covered, axis=0)
+  # 95% nominal; binomial sd over 200 replicates is 0.015.
+  assert np.all((0.88 <= covered) & (covered <= 0.995)), covered
+
+
 def test_bootstrap_evaluation_sweep_equals_bootstrap_sweep():
   from cwsa_jax._bootstrap import bootstrap_evaluation
   c, ok = data(seed=7)
@@ -392,3 +459,5 @@ def test_bootstrap_evaluation_sweep_equals_bootstrap_sweep():
     bootstrap_evaluation(c, ok, GRID, key=KEY, aurc_convention="published_code")
   with pytest.raises(ValueError, match="boolean"):
     bootstrap_evaluation(c, ok.astype(np.float32) * 0.5, GRID, key=KEY)
+  with pytest.raises(ValueError, match="resampling"):
+    bootstrap_evaluation(c, ok, GRID, key=KEY, resampling="bayesian")

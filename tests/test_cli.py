@@ -6,10 +6,12 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import reference
+import cwsa_jax as cw
 from cwsa_jax import cli, synthetic
 
 N = 300  # one sample size for every evaluate run: one compilation
@@ -598,10 +600,10 @@ def test_evaluate_reports_bootstrap_intervals(tmp_path, capsys, csv_file, model)
   out = tmp_path / "eval"
   stdout = run_ok(["evaluate", csv_file, "--out", out, "--no-figures", "--bootstrap", "200",
                    "--thresholds", "0.5,0.9"], capsys)
-  assert "95% percentile-bootstrap intervals (200 resamples, seed 0)" in stdout
+  assert "95% percentile-bootstrap intervals (200 poisson resamples, seed 0)" in stdout
   m = load(out)
   iv = m["intervals"]
-  assert iv["num_resamples"] == 200 and iv["level"] == 0.95
+  assert iv["num_resamples"] == 200 and iv["level"] == 0.95 and iv["resampling"] == "poisson"
   for name in ("accuracy", "ece", "aurc", "augrc"):
     assert iv["low"][name] <= m[name] <= iv["high"][name], name
     assert iv["high"][name] - iv["low"][name] > 0, name
@@ -615,6 +617,27 @@ def test_evaluate_reports_bootstrap_intervals(tmp_path, capsys, csv_file, model)
   out2 = tmp_path / "eval0"
   run_ok(["evaluate", csv_file, "--out", out2, "--no-figures", "--bootstrap", "0"], capsys)
   assert "intervals" not in load(out2)
+
+
+def test_evaluate_resampling_schemes(tmp_path, capsys, csv_file, model):
+  """--resampling multinomial gives bootstrap_ci's resamples; Poisson is refused where only
+  the multinomial bootstrap applies, and is not the default there."""
+  out = tmp_path / "multi"
+  run_ok(["evaluate", csv_file, "--out", out, "--no-figures", "--bootstrap", "200",
+          "--thresholds", "0.5,0.9", "--resampling", "multinomial"], capsys)
+  iv = load(out)["intervals"]
+  assert iv["resampling"] == "multinomial"
+  want = cw.bootstrap_ci(lambda c, k: cw.risk_coverage_summary(c, k).aurc,
+                         jnp.asarray(model.confidences), jnp.asarray(model.correct),
+                         key=jax.random.key(0), num_resamples=200)
+  assert iv["low"]["aurc"] == pytest.approx(float(want.low), abs=2e-6)
+  assert iv["high"]["aurc"] == pytest.approx(float(want.high), abs=2e-6)
+  out = tmp_path / "mass"
+  run_ok(["evaluate", csv_file, "--out", out, "--no-figures", "--bootstrap", "200",
+          "--binning", "mass"], capsys)
+  assert load(out)["intervals"]["resampling"] == "multinomial"
+  check_bad(tmp_path, capsys, ["evaluate", csv_file, "--binning", "mass", "--resampling",
+                               "poisson"], "--resampling poisson", "--binning mass")
 
 
 @pytest.fixture()

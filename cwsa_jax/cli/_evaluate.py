@@ -116,6 +116,7 @@ def model_report(loaded: _io.LoadedPredictions, settings: Settings, args: argpar
 def run(args: argparse.Namespace) -> int:
   settings = settings_from_args(args)
   _intervals.check_bootstrap_flags(args, allow_zero=True)
+  resampling = _intervals.resampling_scheme(settings, args.resampling)
   if args.worst is not None and args.worst < 1:
     raise UserError(f"--worst must be >= 1, got {args.worst}")
   # Check the output folder and read the input before any long step.
@@ -138,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     with progress_bar(args.bootstrap, "bootstrap", enabled=show, unit="resample") as bar:
       intervals = _intervals.evaluation_intervals(
           loaded.confidences, loaded.correct, settings, num_resamples=args.bootstrap,
-          level=args.level, seed=args.seed, progress=bar.update)
+          level=args.level, seed=args.seed, resampling=resampling, progress=bar.update)
   with _output.atomic_output_dir(out, force=args.force, inputs=inputs, command="evaluate") as tmp:
     with stage("figures", enabled=show and not args.no_figures):
       figures = [] if args.no_figures else _figures.model_figures(
@@ -157,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
   _print_summary(loaded.source, report, settings)
   if intervals is not None:
     print(f"\n{intervals.level:.0%} percentile-bootstrap intervals "
-          f"({intervals.num_resamples} resamples, seed {intervals.seed}):")
+          f"({intervals.num_resamples} {intervals.resampling} resamples, seed {intervals.seed}):")
     print(text_table(("metric", "value", "low", "high"),
                      _intervals.interval_rows(report.metrics, intervals, settings)))
   print(f"\nWrote {out}/report.md, {out}/metrics.json"
@@ -263,5 +264,6 @@ per group with --group-by COLUMN (CSV), and lists the most confident mistakes wi
                  "threshold of the grid")
   p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
   _intervals.add_bootstrap_flags(p, default_resamples=1000)
+  _intervals.add_resampling_flag(p)
   add_progress_flag(p)
   p.set_defaults(func=run)

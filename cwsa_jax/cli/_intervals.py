@@ -87,6 +87,7 @@ class Intervals(NamedTuple):
   seed: int
   low: IntervalMetrics
   high: IntervalMetrics
+  resampling: str = "multinomial"  # or "poisson"
 
 
 class Comparison(NamedTuple):
@@ -126,24 +127,54 @@ def _as_numpy(values: IntervalMetrics) -> IntervalMetrics:
   return IntervalMetrics(*map(np.asarray, values))
 
 
+def add_resampling_flag(p: argparse.ArgumentParser) -> None:
+  """--resampling poisson|multinomial (evaluate)."""
+  p.add_argument("--resampling", choices=_bootstrap.RESAMPLING,
+                 help="bootstrap resamples: poisson (each row weighted by a Poisson(1) draw; "
+                 "the default where it applies: --binning width and --aurc step or trapezoid) "
+                 "or multinomial (n rows drawn with replacement; the default otherwise)")
+
+
+def resampling_scheme(settings: Settings, requested: str | None) -> str:
+  """The resampling of :func:`evaluation_intervals`: ``requested``, or Poisson where the
+  one-sort evaluation bootstrap applies and multinomial elsewhere.
+
+  Raises:
+    UserError: Poisson was requested for settings only the multinomial bootstrap handles.
+  """
+  if requested == "poisson" and not _one_sort(settings):
+    raise UserError("--resampling poisson needs --binning width and --aurc step or trapezoid "
+                    f"(got --binning {settings.binning}, --aurc {settings.aurc_convention})")
+  return requested or ("poisson" if _one_sort(settings) else "multinomial")
+
+
+def _one_sort(settings: Settings) -> bool:
+  """Whether :func:`cwsa_jax._bootstrap.bootstrap_evaluation` handles these conventions."""
+  return settings.binning == "width" and settings.aurc_convention in ("step", "trapezoid")
+
+
 def evaluation_intervals(confidences: Any, correct: Any, settings: Settings, *,
                          num_resamples: int, level: float, seed: int,
+                         resampling: str | None = None,
                          progress: Callable[[int], Any] | None = None) -> Intervals:
-  """Percentile-bootstrap intervals of every metric of one model; ``progress(k)`` is called
-  each time k more resamples are done."""
+  """Percentile-bootstrap intervals of every metric of one model; ``resampling`` as
+  :func:`resampling_scheme` resolves it; ``progress(k)`` is called each time k more
+  resamples are done."""
   c = jnp.asarray(confidences, jnp.float32)
   ok = jnp.asarray(correct, jnp.bool_)
+  scheme = resampling_scheme(settings, resampling)
   with _bootstrap.reporting(progress):
-    if settings.binning == "width" and settings.aurc_convention in ("step", "trapezoid"):
-      # The same resamples, every metric from one sort and one bucketing of the data.
+    if _one_sort(settings):
+      # Every metric of each resample from one sort and one bucketing of the data.
       r = _bootstrap.bootstrap_evaluation(
           c, ok, settings.grid, key=jax.random.key(seed), num_resamples=num_resamples,
           level=level, num_bins=settings.num_bins, ece_norm=settings.ece_norm,
-          aurc_convention=settings.aurc_convention, normalize=settings.normalize)
+          aurc_convention=settings.aurc_convention, normalize=settings.normalize,
+          resampling=scheme)
     else:
       r = cw.bootstrap_ci(metric_fn(settings), c, ok, key=jax.random.key(seed),
                           num_resamples=num_resamples, level=level)
-  return Intervals(level, num_resamples, seed, _as_numpy(r.low), _as_numpy(r.high))
+  return Intervals(level, num_resamples, seed, _as_numpy(r.low), _as_numpy(r.high), scheme)
 
 
 def comparison(a: tuple[Any, Any], b: tuple[Any, Any], settings: Settings, *,

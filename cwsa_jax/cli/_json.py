@@ -112,8 +112,10 @@ def _per_metric(values: Any) -> dict[str, Any]:
 
 
 def intervals_json(intervals: Intervals) -> dict[str, Any]:
-  """``method``, ``level``, ``num_resamples``, ``seed`` and the ``low`` / ``high`` ends."""
-  return {"method": "percentile bootstrap", "level": intervals.level,
+  """``method``, ``resampling``, ``level``, ``num_resamples``, ``seed`` and the ``low`` /
+  ``high`` ends."""
+  return {"method": "percentile bootstrap", "resampling": intervals.resampling,
+          "level": intervals.level,
           "num_resamples": intervals.num_resamples, "seed": intervals.seed,
           "low": _per_metric(intervals.low), "high": _per_metric(intervals.high)}
 

@@ -191,11 +191,16 @@ def worst_section(worst: WorstSamples) -> list[str]:
   return lines
 
 
+_RESAMPLES = {"multinomial": "resamples of the test set (n rows drawn with replacement)",
+              "poisson": "Poisson resamples of the test set (each row weighted by a Poisson(1) "
+                         "draw)"}
+
+
 def intervals_section(metrics: Metrics, intervals: Intervals, settings: Settings) -> str:
   """The bootstrap intervals of the scalar metrics and of the sweep at a few thresholds."""
   rows = interval_rows(metrics, intervals, settings)
   lines = ["", f"## {intervals.level:.0%} bootstrap intervals", "",
-           f"Percentile bootstrap over {intervals.num_resamples} resamples of the test set "
+           f"Percentile bootstrap over {intervals.num_resamples} {_RESAMPLES[intervals.resampling]} "
            f"(seed {intervals.seed}); every threshold's interval is in metrics.json "
            "(`intervals`).", "", "| metric | value | low | high |", "|---|---:|---:|---:|"]
   lines += [f"| {' | '.join(r)} |" for r in rows]
