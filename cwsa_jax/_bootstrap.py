@@ -69,8 +69,10 @@ DEFAULT_CHUNK_ELEMENTS = 1 << 16
 # Resampled values per jitted call of the host loop (whole chunks, at least one).
 BLOCK_ELEMENTS = 1 << 20
 # bootstrap_evaluation's cheaper resamples: more per call, so that the buffers of
-# one call serve several resamples of a large test set.
+# one call serve several resamples of a large test set (Poisson: its int8
+# multiplicities, one byte per resampled value, are held for the whole block).
 EVALUATION_BLOCK_ELEMENTS = 1 << 26
+POISSON_BLOCK_ELEMENTS = 1 << 25
 # Blocks of resamples computed at once, on host threads: two cores' worth.
 BLOCKS_IN_FLIGHT = 2
 
@@ -788,6 +790,7 @@ def bootstrap_sweep(confidences, correct, thresholds, *, key, num_resamples: int
 
 _SCAN_BLOCK = 1024
 _DIGIT_BITS = 6
+_SUM_BLOCK = 1024  # samples per block of the bucket sums' variadic reduction
 RESAMPLING = ("multinomial", "poisson")
 _MAX_EVALUATION_N = 1 << 25  # 63 n < 2^31: the digit sums stay exact int32
 
@@ -809,7 +812,8 @@ class _Evaluation(NamedTuple):
   """The data of one evaluation bootstrap, prepared once (per sample: in sorted order)."""
   rank: jax.Array | None   # [n] sorted position of input sample i (None: the input is sorted)
   source: jax.Array | None  # [n] uint32 input row of each sorted position (Poisson scheme only)
-  segment: jax.Array       # [n] 2 (bucket of the merged grid) + correct
+  run_start: jax.Array     # [R + 1] where each run of one bucket starts in sorted order (and n)
+  run_bucket: jax.Array    # [R] the bucket of the merged grid of each run
   digits: jax.Array        # [4, n] 6-bit digits of the binary layout's columns u_hi, u_lo
   correct: jax.Array       # [n] bool
   group_end: jax.Array     # [n] bool: last sample of its tie group
@@ -851,19 +855,54 @@ def _buckets_and_digits(confidences: jax.Array, grid: jax.Array):
   return _sweep.bucket_ids(confidences, grid), digits.astype(jnp.int8)
 
 
+def _digit_columns(m: jax.Array, correct: jax.Array, digits: jax.Array) -> list[jax.Array]:
+  """The 10 int32 columns of the bucket sums: (wrong, correct) x (m, m d_0, ..., m d_3)."""
+  right = jnp.where(correct, m, 0)
+  wrong = m - right
+  out = [wrong, right]
+  for d in digits:
+    d = d.astype(jnp.int32)
+    out += [wrong * d, right * d]
+  return out
+
+
 def _weighted_bucket_sums(m: jax.Array, data: _Evaluation, num_buckets: int):
   """Exact per-bucket sums (hi, lo) [G + 1, 6] (the sweep's binary layout) of the resample
-  with multiplicities ``m``: sums of m and of m times the 6-bit digits, per segment.
+  with multiplicities ``m``: sums of m and of m times the 6-bit digits, wrong and correct.
 
-  Every chunk sum is at most 63 n (the digits are below 64 and multinomial
-  multiplicities add up to n; Poisson ones are at most 12, so a chunk of 2^18 samples
-  sums to at most 756 * 2^18), an exact int32 for n < 2^25; two digits d, d' give the
-  column 64 d + d'.
+  The samples are sorted, so each bucket is one run of positions [p_r, p_{r+1}) and its
+  sums are differences of prefix sums S(p) at the run starts: S(p) = the sums of the
+  whole blocks of ``_SUM_BLOCK`` samples before p (one pass of a variadic reduction:
+  every column at once, no scatter) plus the part of p's block before p. Every block or
+  partial sum is at most 63 n (the digits are below 64 and multinomial multiplicities add
+  up to n; Poisson ones are at most 12: 756 per sample), an exact int32 for n < 2^25, and
+  is split into (hi, lo) = (s >> 12, s & 4095) before the prefix sums; two digits d, d'
+  give the column 64 d + d'.
   """
-  def columns_fn(segment, mi, *digits):
-    return segment, jnp.stack([mi] + [mi * d.astype(jnp.int32) for d in digits])
-
-  hi, lo = _exact.segment_sums(columns_fn, [data.segment, m, *data.digits], 2 * num_buckets)
+  n = m.shape[0]
+  size = _SUM_BLOCK
+  whole = n // size * size
+  columns = [x[:whole].reshape(-1, size) for x in _digit_columns(m, data.correct, data.digits)]
+  zero = jnp.zeros((), jnp.int32)
+  blocks = jnp.stack(lax.reduce(columns, [zero] * len(columns),
+                                lambda a, b: [x + y for x, y in zip(a, b)], (1,)), -1)  # [nb, 10]
+  prefix = [jnp.concatenate([jnp.zeros((1, blocks.shape[1]), jnp.int32),
+                             lax.associative_scan(jnp.add, x, axis=0)])
+            for x in _exact.split(blocks)]  # [nb + 1, 10]
+  # The part of each run start's block before it: a window of one block, masked.
+  q = data.run_start // size
+  at = q[:, None] * size + jnp.arange(size, dtype=jnp.int32)
+  before = at < data.run_start[:, None]
+  at = jnp.minimum(at, n - 1)
+  window = _digit_columns(jnp.where(before, m[at], 0), data.correct[at], data.digits[:, at])
+  part = jnp.stack([jnp.sum(x, axis=1) for x in window], -1)  # [R + 1, 10]
+  part_hi, part_lo = _exact.split(part)
+  s_hi, s_lo = prefix[0][q] + part_hi, prefix[1][q] + part_lo
+  run_hi, run_lo = _exact.canonical(s_hi[1:] - s_hi[:-1], s_lo[1:] - s_lo[:-1])  # [R, 10]
+  # [R runs] -> [G + 1 buckets] -> [2 (G + 1) segments (2 bucket + correct), 5 columns]
+  hi, lo = (jnp.zeros((num_buckets, 10), jnp.int32).at[data.run_bucket].set(x)
+            .reshape(num_buckets, 5, 2).transpose(0, 2, 1).reshape(2 * num_buckets, 5)
+            for x in (run_hi, run_lo))
 
   def column(j):  # 64 d_j + d_{j+1}, exactly, as (hi, lo)
     low = (lo[:, j] << _DIGIT_BITS) + lo[:, j + 1]  # < 2^19
@@ -982,10 +1021,12 @@ def _prepare_evaluation(confidences: np.ndarray, correct: np.ndarray,
     rank = np.empty(n, np.int32)
     rank[order] = np.arange(n, dtype=np.int32)
   sorted_bits = bits[order]
+  starts = np.flatnonzero(np.diff(bucket, prepend=-1))  # the runs of one bucket (sorted order)
   data = _Evaluation(
       rank=None if rank is None else jnp.asarray(rank),
       source=jnp.asarray(order.astype(np.uint32)) if scheme == "poisson" else None,
-      segment=jnp.asarray((2 * bucket + correct[order]).astype(np.int32)),
+      run_start=jnp.asarray(np.append(starts, n).astype(np.int32)),
+      run_bucket=jnp.asarray(bucket[starts].astype(np.int32)),
       digits=digits,
       correct=jnp.asarray(correct[order]),
       group_end=jnp.asarray(np.append(sorted_bits[1:] != sorted_bits[:-1], True)),
@@ -1009,16 +1050,22 @@ def _evaluation_estimate_jit(data, thresholds, order, harmonic, plan):
 def _evaluation_block_jit(data, thresholds, order, harmonic, key, start, plan, num_chunks):
   n = data.correct.shape[0]
 
+  b = start + jnp.arange(num_chunks, dtype=jnp.uint32)
+  if plan.scheme == "poisson":
+    # Each sorted sample's multiplicity from its input row, for all the block's resamples
+    # first (int8: at most 12): in the loop that uses them, XLA:CPU would fuse the random
+    # bits into the area scan's sequential loop and compute them sample by sample.
+    ms = lax.map(lambda b: _poisson_from_seed(_seed(key, b), data.source).astype(jnp.int8), b)
+    return lax.map(
+        lambda m: _evaluate(m.astype(jnp.int32), data, thresholds, order, harmonic, plan), ms)
+
   def one(b):
-    if plan.scheme == "poisson":  # each sorted sample's multiplicity, from its input row
-      m = _poisson_from_seed(_seed(key, b), data.source)
-    else:
-      idx = _indices_from_seed(_seed(key, b), n)
-      position = idx if data.rank is None else data.rank[idx]
-      m = jnp.zeros((n,), jnp.int32).at[position].add(1, mode="promise_in_bounds")
+    idx = _indices_from_seed(_seed(key, b), n)
+    position = idx if data.rank is None else data.rank[idx]
+    m = jnp.zeros((n,), jnp.int32).at[position].add(1, mode="promise_in_bounds")
     return _evaluate(m, data, thresholds, order, harmonic, plan)
 
-  return lax.map(one, start + jnp.arange(num_chunks, dtype=jnp.uint32))
+  return lax.map(one, b)
 
 
 def bootstrap_evaluation(confidences, correct, thresholds, *, key, num_resamples: int = 1000,
@@ -1095,6 +1142,7 @@ def bootstrap_evaluation(confidences, correct, thresholds, *, key, num_resamples
   samples = _run_blocks(
       lambda start, size, chunks: _evaluation_block_jit(data, t, order, harmonic, key, start, plan,
                                                         chunks),
-      num_resamples, 1, n, block_elements=EVALUATION_BLOCK_ELEMENTS)
+      num_resamples, 1, n, block_elements=(POISSON_BLOCK_ELEMENTS if resampling == "poisson"
+                                           else EVALUATION_BLOCK_ELEMENTS))
   low, high = _interval_jit(samples, jnp.float32(level))
   return BootstrapResult(estimate, EvaluationMetrics(**low), EvaluationMetrics(**high))

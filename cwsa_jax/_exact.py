@@ -103,7 +103,8 @@ def wide_digits(x: jax.Array, num_digits: int) -> list[jax.Array]:
   return out
 
 
-def _split(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+def split(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """``(hi, lo)`` of non-negative int32 ``x``: ``x = hi * 4096 + lo``, ``0 <= lo < 4096``."""
   return x >> _CARRY_BITS, x & _CARRY_MASK
 
 
@@ -175,7 +176,7 @@ def segment_sums(
   offset = (jnp.zeros((), jnp.int32),) if with_offset else ()
   if num_chunks == 1:
     ids, cols = columns_fn(*arrays, *offset)
-    return _split(_column_sums(cols, ids, num_segments))
+    return split(_column_sums(cols, ids, num_segments))
 
   local = jnp.arange(size, dtype=jnp.int32)
   chunk_segments = num_segments if segments_per_entry is None else size * segments_per_entry
@@ -190,7 +191,7 @@ def segment_sums(
     ids, cols = columns_fn(*chunk, *((start,) if with_offset else ()))
     counted = (start + local >= first).reshape((size,) + (1,) * (ids.ndim - 1))
     ids = jnp.where(counted, ids, chunk_segments)
-    s_hi, s_lo = _split(_column_sums(cols, ids, chunk_segments + 1)[:chunk_segments])
+    s_hi, s_lo = split(_column_sums(cols, ids, chunk_segments + 1)[:chunk_segments])
     if segments_per_entry is None:
       return _normalize(hi + s_hi, lo + s_lo)
     at = start * segments_per_entry

@@ -446,9 +446,11 @@ def test_bootstrap_evaluation_poisson_coverage_of_known_population_values():
   assert np.all((0.88 <= covered) & (covered <= 0.995)), covered
 
 
-def test_bootstrap_evaluation_sweep_equals_bootstrap_sweep():
+@pytest.mark.parametrize("n", [N, 2637])  # 2637: whole blocks of 1024 samples and a tail
+def test_bootstrap_evaluation_sweep_equals_bootstrap_sweep(n):
   from cwsa_jax._bootstrap import bootstrap_evaluation
-  c, ok = data(seed=7)
+  c, ok = data(n=n, seed=7)
+  c[::7] = GRID[np.arange(0, n, 7) % GRID.size]  # samples exactly at the thresholds
   r = bootstrap_evaluation(c, ok, GRID, key=KEY, num_resamples=B, normalize="all")
   fast = bootstrap_sweep(c, ok, GRID, key=KEY, num_resamples=B, normalize="all")
   for part in ("estimate", "low", "high"):
