@@ -899,8 +899,9 @@ def _weighted_bucket_sums(m: jax.Array, data: _Evaluation, num_buckets: int):
   part_hi, part_lo = _exact.split(part)
   s_hi, s_lo = prefix[0][q] + part_hi, prefix[1][q] + part_lo
   run_hi, run_lo = _exact.canonical(s_hi[1:] - s_hi[:-1], s_lo[1:] - s_lo[:-1])  # [R, 10]
-  # [R runs] -> [G + 1 buckets] -> [2 (G + 1) segments (2 bucket + correct), 5 columns]
-  hi, lo = (jnp.zeros((num_buckets, 10), jnp.int32).at[data.run_bucket].set(x)
+  # [R runs] -> [G + 1 buckets] (empty runs add 0) -> [2 (G + 1) segments (2 bucket +
+  # correct), 5 columns]
+  hi, lo = (jnp.zeros((num_buckets, 10), jnp.int32).at[data.run_bucket].add(x)
             .reshape(num_buckets, 5, 2).transpose(0, 2, 1).reshape(2 * num_buckets, 5)
             for x in (run_hi, run_lo))
 
@@ -914,19 +915,19 @@ def _weighted_bucket_sums(m: jax.Array, data: _Evaluation, num_buckets: int):
           jnp.stack([count[1], u_hi[1], u_lo[1]], -1).reshape(num_buckets, -1))
 
 
-def _sweep_and_calibration(m, data: _Evaluation, thresholds, order, plan):
-  """The sweep and the ECE of the resample with multiplicities ``m`` (sorted order)."""
-  hi, lo = _sweep.suffix_sums(*_weighted_bucket_sums(m, data, plan.num_buckets))  # [G + 1, 6]
+def _sweep_and_calibration(bucket_sums, retained, bins, thresholds, order, plan):
+  """The sweep and the ECE of a resample's exact per-bucket sums (hi, lo) [G + 1, 6]."""
+  hi, lo = _sweep.suffix_sums(*bucket_sums)  # [G + 1, 6]
   hi = jnp.concatenate([hi, jnp.zeros_like(hi[:1])])  # suffix from G + 1: nothing
   lo = jnp.concatenate([lo, jnp.zeros_like(lo[:1])])
   out = {}
-  rows = jnp.concatenate([jnp.zeros((1,), jnp.int32), data.retained])  # entry 0: everything
+  rows = jnp.concatenate([jnp.zeros((1,), jnp.int32), retained])  # entry 0: everything
   sums = _stats.sums_from_columns(_exact.to_float(hi[rows], lo[rows]), False)
   out["accuracy"] = sums.correct[0] / sums.count[0]  # exact counts below 2^24
   result = _stats.renormalize(
       _sweep.result_from_sums(sums, thresholds, order, jnp.zeros((), bool)), plan.normalize)
   out.update({f: getattr(result, f) for f in _sweep.METRIC_FIELDS})
-  start_hi, start_lo = hi[data.bins], lo[data.bins]
+  start_hi, start_lo = hi[bins], lo[bins]
   bin_hi, bin_lo = _exact.canonical(start_hi[:-1] - start_hi[1:], start_lo[:-1] - start_lo[1:])
   # Per bin -> per segment (2 bin + correct), the calibration pipeline's binary layout.
   width = len(_stats.BINARY_COLUMNS)
@@ -936,8 +937,30 @@ def _sweep_and_calibration(m, data: _Evaluation, thresholds, order, plan):
   return out
 
 
+class _AreaCarry(NamedTuple):
+  """The state of the area scan after some samples (int32 counts, float32 sums)."""
+  k: Any        # multiplicities so far (the resample's size at the end)
+  e: Any        # errors so far
+  k_last: Any   # K and E of the last point (group end with K > K')
+  e_last: Any
+  r_last: Any   # its risk E'/K' (trapezoid)
+  area: Any     # n AURC so far
+  generalized: Any  # n^2 AUGRC so far
+
+
+def _area_carry_zero(shape=()) -> _AreaCarry:
+  i0, f0 = jnp.zeros(shape, jnp.int32), jnp.zeros(shape, jnp.float32)
+  return _AreaCarry(i0, i0, i0, i0, f0, f0, f0)
+
+
 def _areas(m, data: _Evaluation, harmonic, convention: str):
-  """AURC, AUGRC and E-AURC of multiplicities ``m`` [n] (sorted order): one sequential pass.
+  """AURC, AUGRC and E-AURC of multiplicities ``m`` [n] (sorted order): one sequential pass."""
+  return _areas_from_carry(_area_scan(m, data.correct, data.group_end, _area_carry_zero(),
+                                      convention), harmonic, convention)
+
+
+def _area_scan(m, correct, group_end, carry: _AreaCarry, convention: str) -> _AreaCarry:
+  """The area scan over multiplicities ``m`` [n] (sorted order), from ``carry``.
 
   Carries K and E (count and errors so far) and the last point (K', E'); at a
   group end with K > K' the point (K/n, E/K) adds W E/K (step) or
@@ -947,8 +970,8 @@ def _areas(m, data: _Evaluation, harmonic, convention: str):
   """
   size = min(_SCAN_BLOCK, m.shape[0])
   pad = -m.shape[0] % size
-  errors = jnp.where(data.correct, 0, m)
-  xs = [jnp.pad(x, (0, pad)).reshape(-1, size) for x in (m, errors, data.group_end)]
+  errors = jnp.where(correct, 0, m)
+  xs = [jnp.pad(x, (0, pad)).reshape(-1, size) for x in (m, errors, group_end)]
   step_rule = convention == "step"
   # XLA:CPU compiles the trapezoid's loop body badly when unrolled 8 times (tens of times slower).
   unroll = 8 if step_rule else 2
@@ -979,9 +1002,14 @@ def _areas(m, data: _Evaluation, harmonic, convention: str):
         sample, (k, e, k_last, e_last, r_last, zero, zero), x, unroll=unroll)
     return (k, e, k_last, e_last, r_last, area + a, generalized + g), None
 
-  i0, f0 = jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32)
-  (total, num_errors, _, _, _, area, generalized), _ = lax.scan(
-      block, (i0, i0, i0, i0, f0, f0, f0), xs)
+  out, _ = lax.scan(block, tuple(carry), xs)
+  return _AreaCarry(*out)
+
+
+def _areas_from_carry(carry: _AreaCarry, harmonic, convention: str):
+  """AURC, AUGRC and E-AURC of the area scan's final ``carry``."""
+  step_rule = convention == "step"
+  total, num_errors, area, generalized = carry.k, carry.e, carry.area, carry.generalized
   n = total.astype(jnp.float32)  # the resample's size: sum of m
   aurc = area / n
   augrc = generalized / n / n
@@ -1001,10 +1029,17 @@ def _areas(m, data: _Evaluation, harmonic, convention: str):
 
 
 def _prepare_evaluation(confidences: np.ndarray, correct: np.ndarray,
-                        sorted_thresholds: np.ndarray, num_bins: int,
-                        scheme: str) -> tuple[_Evaluation, int]:
+                        sorted_thresholds: np.ndarray, num_bins: int, scheme: str, *,
+                        rows: np.ndarray | None = None,
+                        padded: int | None = None) -> tuple[_Evaluation, int]:
   """The one sort (on the host), each sample's bucket of the merged grid of thresholds and
-  bin edges, and the buckets where the retained sets and the bins start."""
+  bin edges, and the buckets where the retained sets and the bins start.
+
+  ``rows``: the samples' row numbers (Poisson multiplicities; default 0, ..., n - 1).
+  ``padded``: pad the samples to this length (correct and group_end False) and the
+  runs to one per bucket (empty ones at the end), so that data of any n <= padded has
+  the same shapes; the padding must get multiplicity 0.
+  """
   n = confidences.shape[0]
   bits = confidences.view(np.int32) & np.int32(0x7FFFFFFF)  # orders like the value
   order = np.argsort(-bits, kind="stable")
@@ -1022,20 +1057,29 @@ def _prepare_evaluation(confidences: np.ndarray, correct: np.ndarray,
     rank[order] = np.arange(n, dtype=np.int32)
   sorted_bits = bits[order]
   starts = np.flatnonzero(np.diff(bucket, prepend=-1))  # the runs of one bucket (sorted order)
+  run_start, run_bucket = np.append(starts, n), bucket[starts]
+  source = (order if rows is None else rows[order]).astype(np.uint32)
+  correct, group_end = correct[order], np.append(sorted_bits[1:] != sorted_bits[:-1], True)
+  if padded is not None:
+    extra = padded - n
+    source, correct, group_end = (np.pad(x, (0, extra)) for x in (source, correct, group_end))
+    digits = jnp.pad(digits, ((0, 0), (0, extra)))
+    empty = grid.shape[0] + 1 - run_bucket.shape[0]
+    run_start, run_bucket = np.pad(run_start, (0, empty), mode="edge"), np.pad(run_bucket,
+                                                                               (0, empty))
   data = _Evaluation(
       rank=None if rank is None else jnp.asarray(rank),
-      source=jnp.asarray(order.astype(np.uint32)) if scheme == "poisson" else None,
-      run_start=jnp.asarray(np.append(starts, n).astype(np.int32)),
-      run_bucket=jnp.asarray(bucket[starts].astype(np.int32)),
-      digits=digits,
-      correct=jnp.asarray(correct[order]),
-      group_end=jnp.asarray(np.append(sorted_bits[1:] != sorted_bits[:-1], True)),
+      source=jnp.asarray(source) if scheme == "poisson" else None,
+      run_start=jnp.asarray(run_start.astype(np.int32)),
+      run_bucket=jnp.asarray(run_bucket.astype(np.int32)),
+      digits=digits, correct=jnp.asarray(correct), group_end=jnp.asarray(group_end),
       retained=jnp.asarray(retained.astype(np.int32)), bins=jnp.asarray(bins.astype(np.int32)))
   return data, grid.shape[0] + 1
 
 
 def _evaluate(m, data, thresholds, order, harmonic, plan):
-  out = _sweep_and_calibration(m, data, thresholds, order, plan)
+  out = _sweep_and_calibration(_weighted_bucket_sums(m, data, plan.num_buckets), data.retained,
+                               data.bins, thresholds, order, plan)
   out.update(_areas(m, data, harmonic, plan.convention))
   return out
 
@@ -1066,6 +1110,38 @@ def _evaluation_block_jit(data, thresholds, order, harmonic, key, start, plan, n
     return _evaluate(m, data, thresholds, order, harmonic, plan)
 
   return lax.map(one, b)
+
+
+def _check_evaluation_options(num_bins, ece_norm, aurc_convention, normalize, resampling) -> int:
+  """Checks the options of an evaluation bootstrap; returns ``num_bins`` as an int."""
+  _stats.check_normalize(normalize)
+  if aurc_convention not in ("step", "trapezoid"):
+    raise ValueError(f"aurc_convention must be 'step' or 'trapezoid', got {aurc_convention!r} "
+                     "(bootstrap_ci handles the published code's convention)")
+  if ece_norm not in ("l1", "l2", "max"):
+    raise ValueError(f"ece_norm must be 'l1', 'l2' or 'max', got {ece_norm!r}")
+  if resampling not in RESAMPLING:
+    raise ValueError(f"resampling must be 'multinomial' or 'poisson', got {resampling!r}")
+  return _validation.positive_int(num_bins, "num_bins")
+
+
+def _check_evaluation_data(confidences, correct, name: str):
+  """Concrete [n] confidences in [0, 1] and boolean correctness."""
+  c, k = _check_data(confidences, correct)
+  if not _validation.is_concrete(c, k):
+    raise TypeError(f"{name} runs on the host: call it on concrete arrays")
+  if k.dtype != jnp.bool_:
+    raise ValueError(f"{name} needs boolean (0/1) correctness")
+  return c, k
+
+
+def _harmonic_table(n: int, convention: str, resampling: str) -> jax.Array:
+  """The E-AURC oracle's harmonic tail sums, up to the largest resample size."""
+  if convention != "step":
+    return jnp.zeros(1)
+  # A Poisson resample's size exceeds n + 12 sqrt(n) + 64 with probability below e^-70.
+  return jnp.asarray(_harmonic_tail(n if resampling == "multinomial"
+                                    else n + 12 * math.isqrt(n) + 64))
 
 
 def bootstrap_evaluation(confidences, correct, thresholds, *, key, num_resamples: int = 1000,
@@ -1109,20 +1185,9 @@ def bootstrap_evaluation(confidences, correct, thresholds, *, key, num_resamples
     (``accuracy``, ``ece``, ``aurc``, ``eaurc``, ``augrc``, and the sweep's
     ``coverage``, ``selective_accuracy``, ``cwsa``, ``cwsa_plus`` [T]).
   """
-  _stats.check_normalize(normalize)
-  if aurc_convention not in ("step", "trapezoid"):
-    raise ValueError(f"aurc_convention must be 'step' or 'trapezoid', got {aurc_convention!r} "
-                     "(bootstrap_ci handles the published code's convention)")
-  if ece_norm not in ("l1", "l2", "max"):
-    raise ValueError(f"ece_norm must be 'l1', 'l2' or 'max', got {ece_norm!r}")
-  if resampling not in RESAMPLING:
-    raise ValueError(f"resampling must be 'multinomial' or 'poisson', got {resampling!r}")
-  num_bins = _validation.positive_int(num_bins, "num_bins")
-  c, k = _check_data(confidences, correct)
-  if not _validation.is_concrete(c, k):
-    raise TypeError("bootstrap_evaluation runs on the host: call it on concrete arrays")
-  if k.dtype != jnp.bool_:
-    raise ValueError("bootstrap_evaluation needs boolean (0/1) correctness")
+  num_bins = _check_evaluation_options(num_bins, ece_norm, aurc_convention, normalize,
+                                       resampling)
+  c, k = _check_evaluation_data(confidences, correct, "bootstrap_evaluation")
   n = c.shape[0]
   if n >= _MAX_EVALUATION_N:
     raise ValueError(f"bootstrap_evaluation takes n < {_MAX_EVALUATION_N} samples, got {n}: "
@@ -1133,9 +1198,7 @@ def bootstrap_evaluation(confidences, correct, thresholds, *, key, num_resamples
   order, sorted_t = _sweep.sorted_thresholds(t)
   data, num_buckets = _prepare_evaluation(np.asarray(c, np.float32), np.asarray(k),
                                           np.asarray(sorted_t), num_bins, resampling)
-  # A Poisson resample's size exceeds n + 12 sqrt(n) + 64 with probability below e^-70.
-  largest = n if resampling == "multinomial" else n + 12 * math.isqrt(n) + 64
-  harmonic = jnp.asarray(_harmonic_tail(largest) if aurc_convention == "step" else np.zeros(1))
+  harmonic = _harmonic_table(n, aurc_convention, resampling)
   plan = _Plan(num_buckets, t.shape[0], num_bins, ece_norm, aurc_convention, normalize,
                resampling)
   estimate = EvaluationMetrics(**_evaluation_estimate_jit(data, t, order, harmonic, plan))
@@ -1146,3 +1209,157 @@ def bootstrap_evaluation(confidences, correct, thresholds, *, key, num_resamples
                                            else EVALUATION_BLOCK_ELEMENTS))
   low, high = _interval_jit(samples, jnp.float32(level))
   return BootstrapResult(estimate, EvaluationMetrics(**low), EvaluationMetrics(**high))
+
+
+# --- the Poisson bootstrap fed range by range (out-of-core data) -----------------------------
+
+_MIN_RANGE_LENGTH = 1 << 16  # the smallest padded range length (one compilation per power of 2)
+
+
+class _RangeState(NamedTuple):
+  """Per resample: the exact bucket sums (hi, lo) [B, G + 1, 6] and the area scan's carry."""
+  hi: jax.Array
+  lo: jax.Array
+  carry: _AreaCarry
+
+
+def _range_update(m, data, state, plan):
+  """``state`` after the range ``data`` with multiplicities ``m`` (one resample)."""
+  hi, lo = _exact.add((state.hi, state.lo), _weighted_bucket_sums(m, data, plan.num_buckets))
+  carry = _area_scan(m, data.correct, data.group_end, state.carry, plan.convention)
+  return _RangeState(hi, lo, carry)
+
+
+@functools.partial(jax.jit, static_argnames=("plan", "num_chunks"))
+def _range_block_jit(data, length, state, key, start, plan, num_chunks):
+  first = start.astype(jnp.int32)
+  state = jax.tree.map(lambda x: lax.dynamic_slice_in_dim(x, first, num_chunks), state)
+  real = jnp.arange(data.correct.shape[0]) < length
+  b = start + jnp.arange(num_chunks, dtype=jnp.uint32)
+  # int8 multiplicities first, as in _evaluation_block_jit.
+  ms = lax.map(lambda b: jnp.where(real, _poisson_from_seed(_seed(key, b), data.source),
+                                   0).astype(jnp.int8), b)
+  return lax.map(lambda args: _range_update(args[0].astype(jnp.int32), data, args[1], plan),
+                 (ms, state))
+
+
+@functools.partial(jax.jit, static_argnames=("plan",))
+def _range_estimate_jit(data, length, state, plan):
+  m = (jnp.arange(data.correct.shape[0]) < length).astype(jnp.int32)
+  return _range_update(m, data, state, plan)
+
+
+@functools.partial(jax.jit, static_argnames=("plan",))
+def _range_metrics_jit(state, retained, bins, thresholds, order, harmonic, plan):
+  def one(state):
+    out = _sweep_and_calibration((state.hi, state.lo), retained, bins, thresholds, order, plan)
+    out.update(_areas_from_carry(state.carry, harmonic, plan.convention))
+    return out
+  return jax.vmap(one)(state)
+
+
+class StreamedEvaluationBootstrap:
+  """The Poisson bootstrap of :func:`bootstrap_evaluation`, fed one confidence range at a time.
+
+  For data that do not fit in memory: the samples are given in ranges of
+  confidence, from the highest range to the lowest (every confidence of a range
+  below every one of the previous range, so that no tie group is split), each
+  with its samples' row numbers in the whole data. Resample b gives row r the
+  same Poisson(1) multiplicity as :func:`bootstrap_evaluation` with
+  ``resampling="poisson"`` (which numbers the rows 0, ..., n - 1), so when the
+  ranges cover the data the intervals are the same (to float32 rounding of the
+  area sums). Each range adds its exact bucket sums to every resample's and
+  continues every resample's area scan from where the previous range left it:
+  the state is O(B (T + bins)), and a range's samples are held only while it is
+  added.
+
+  .. code-block:: python
+
+    boot = StreamedEvaluationBootstrap(thresholds, key=jax.random.key(0))
+    for confidences, correct, rows in ranges:   # decreasing confidence
+      boot.add_range(confidences, correct, rows)
+    result = boot.result(level=0.95)           # BootstrapResult of EvaluationMetrics
+  """
+
+  def __init__(self, thresholds, *, key, num_resamples: int = 1000, num_bins: int = 15,
+               ece_norm: str = "l1", aurc_convention: str = "step",
+               normalize: str = "retained"):
+    num_bins = _check_evaluation_options(num_bins, ece_norm, aurc_convention, normalize,
+                                         "poisson")
+    self._t = _validation.as_thresholds(thresholds)
+    self._key, self._num_resamples, _ = _check_common(key, num_resamples, 1, 1)
+    self._order, sorted_t = _sweep.sorted_thresholds(self._t)
+    self._sorted = np.asarray(sorted_t)
+    self._num_bins = num_bins
+    self._options = (ece_norm, aurc_convention, normalize)
+    self._n = 0
+    self._lowest = None  # the smallest confidence so far
+    self._plan = self._grid = None
+    self._state = self._estimate = None
+
+  @property
+  def num_samples(self) -> int:
+    """The samples added so far."""
+    return self._n
+
+  def add_range(self, confidences, correct, rows) -> None:
+    """Adds the samples of one confidence range: ``confidences`` [m] in [0, 1], boolean
+    ``correct`` [m] and their row numbers ``rows`` [m] in the whole data.
+
+    Raises:
+      ValueError: invalid values, or a confidence not below every confidence added before.
+    """
+    rows = np.asarray(rows)
+    if np.shape(confidences) == (0,) and rows.shape == (0,):
+      return  # an empty range
+    c, k = _check_evaluation_data(confidences, correct, "StreamedEvaluationBootstrap")
+    c, k = np.asarray(c, np.float32), np.asarray(k)
+    if rows.shape != c.shape or not np.issubdtype(rows.dtype, np.integer):
+      raise ValueError("rows must be integer row numbers, one per sample")
+    if self._lowest is not None and c.max() >= self._lowest:
+      raise ValueError(f"the ranges must come in decreasing confidence: a confidence "
+                       f"{float(c.max())} is not below {self._lowest} of an earlier range")
+    if self._n + c.shape[0] >= _MAX_EVALUATION_N:
+      raise ValueError(f"StreamedEvaluationBootstrap takes fewer than {_MAX_EVALUATION_N} "
+                       "samples in all")
+    self._lowest = float(c.min())
+    self._n += c.shape[0]
+    padded = max(_MIN_RANGE_LENGTH, 1 << (c.shape[0] - 1).bit_length())
+    data, num_buckets = _prepare_evaluation(c, k, self._sorted, self._num_bins, "poisson",
+                                            rows=rows, padded=padded)
+    if self._plan is None:
+      self._start(data, num_buckets)
+    length = jnp.int32(c.shape[0])
+    self._estimate = _range_estimate_jit(data, length, self._estimate, self._plan)
+    per_block = max(1, min(self._num_resamples, POISSON_BLOCK_ELEMENTS // padded))
+    total = -(-self._num_resamples // per_block) * per_block
+    state = jax.tree.map(lambda x: jnp.pad(x, [(0, total - x.shape[0])] + [(0, 0)] * (x.ndim - 1)),
+                         self._state)
+    self._state = _run_blocks(
+        lambda start, size, chunks: _range_block_jit(data, length, state, self._key, start,
+                                                     self._plan, chunks),
+        self._num_resamples, 1, padded, block_elements=POISSON_BLOCK_ELEMENTS)
+
+  def _start(self, data: _Evaluation, num_buckets: int) -> None:
+    self._plan = _Plan(num_buckets, self._t.shape[0], self._num_bins, *self._options, "poisson")
+    self._grid = (data.retained, data.bins)
+
+    def zero(*shape):
+      z = jnp.zeros((*shape, num_buckets, 6), jnp.int32)
+      return _RangeState(z, z, _area_carry_zero(shape))
+
+    self._estimate, self._state = zero(), zero(self._num_resamples)
+
+  def result(self, level: float = 0.95) -> BootstrapResult:
+    """The estimate and the percentile interval of every metric at ``level``, as
+    :func:`bootstrap_evaluation` (fields :class:`EvaluationMetrics`)."""
+    level = _check_level(level)
+    if self._n == 0:
+      raise ValueError("no samples were added")
+    harmonic = _harmonic_table(self._n, self._plan.convention, "poisson")
+    args = (*self._grid, self._t, self._order, harmonic, self._plan)
+    estimate = jax.tree.map(lambda x: x[0], _range_metrics_jit(
+        jax.tree.map(lambda x: x[None], self._estimate), *args))
+    low, high = _interval_jit(_range_metrics_jit(self._state, *args), jnp.float32(level))
+    return BootstrapResult(EvaluationMetrics(**estimate), EvaluationMetrics(**low),
+                           EvaluationMetrics(**high))

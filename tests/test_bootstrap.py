@@ -446,6 +446,50 @@ def test_bootstrap_evaluation_poisson_coverage_of_known_population_values():
   assert np.all((0.88 <= covered) & (covered <= 0.995)), covered
 
 
+@pytest.mark.parametrize("convention", ["step", "trapezoid"])
+def test_streamed_evaluation_bootstrap_equals_the_in_memory_poisson_one(convention):
+  """Ranges of confidence (ties at range ends, one range larger than the padding unit of
+  65536 rows: two compilations) with global row numbers: the in-memory intervals."""
+  from cwsa_jax._bootstrap import StreamedEvaluationBootstrap, bootstrap_evaluation
+  n = 70_000
+  c, ok = data(n=n, seed=9)
+  c[: n // 5] = np.round(c[: n // 5], 2)
+  want = bootstrap_evaluation(c, ok, GRID, key=KEY, num_resamples=B, num_bins=10,
+                              aurc_convention=convention, resampling="poisson")
+  boot = StreamedEvaluationBootstrap(GRID, key=KEY, num_resamples=B, num_bins=10,
+                                     aurc_convention=convention)
+  edges = [2.0, 0.95, 0.01, -1.0]  # 0.95 is a tie value of the rounded samples
+  for hi, lo in zip(edges[:-1], edges[1:]):
+    rows = np.flatnonzero((c < hi) & (c >= lo))
+    boot.add_range(c[rows], ok[rows], rows)
+  assert boot.num_samples == n
+  got = boot.result(level=0.95)
+  for part in ("estimate", "low", "high"):
+    for name, x, y in zip(want.low._fields, getattr(want, part), getattr(got, part)):
+      np.testing.assert_allclose(np.asarray(y), np.asarray(x), atol=3e-7, rtol=0,
+                                 err_msg=f"{part} {name}")
+
+
+def test_streamed_evaluation_bootstrap_refuses_bad_ranges():
+  from cwsa_jax._bootstrap import StreamedEvaluationBootstrap
+  c, ok = data(seed=10)
+  boot = StreamedEvaluationBootstrap(GRID, key=KEY, num_resamples=B)
+  with pytest.raises(ValueError, match="no samples"):
+    boot.result()
+  high = c >= 0.5
+  boot.add_range(c[high], ok[high], np.flatnonzero(high))
+  with pytest.raises(ValueError, match="decreasing confidence"):
+    boot.add_range(c, ok, np.arange(N))
+  with pytest.raises(ValueError, match="row numbers"):
+    boot.add_range(c[~high], ok[~high], np.arange(3))
+  boot.add_range(c[:0], ok[:0], np.arange(0))  # an empty range adds nothing
+  assert boot.num_samples == int(high.sum())
+  with pytest.raises(ValueError, match="confidences"):
+    boot.add_range(np.array([np.nan], np.float32), np.array([True]), np.array([0]))
+  with pytest.raises(ValueError, match="aurc_convention"):
+    StreamedEvaluationBootstrap(GRID, key=KEY, aurc_convention="published_code")
+
+
 @pytest.mark.parametrize("n", [N, 2637])  # 2637: whole blocks of 1024 samples and a tail
 def test_bootstrap_evaluation_sweep_equals_bootstrap_sweep(n):
   from cwsa_jax._bootstrap import bootstrap_evaluation
