@@ -109,6 +109,17 @@ def select_threshold(confidences, correct, *, metric: str = "cwsa", min_coverage
   if thresholds is None:
     thresholds = _default_grid()
   result = jax.device_get(sweep(confidences, correct, thresholds))  # one transfer
+  return select_from_sweep(result, metric=metric, min_coverage=min_coverage, max_risk=max_risk)
+
+
+def select_from_sweep(result, *, metric: str, min_coverage: float | None,
+                      max_risk: float | None) -> ThresholdChoice:
+  """:func:`select_threshold`'s choice on a computed sweep (``normalize="retained"``).
+
+  ``result`` is the :class:`~cwsa_jax.SweepResult` of the validation data on the
+  candidate grid (e.g. a streamed ``SweepState``'s ``compute()``), ``metric``
+  checked and the constraints checked fractions or None.
+  """
   tau = np.asarray(result.thresholds, np.float32)
   cov = np.asarray(result.coverage, np.float64)
   risk = 1.0 - np.asarray(result.selective_accuracy, np.float64)

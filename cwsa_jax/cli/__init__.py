@@ -10,9 +10,9 @@ and leaves no partial output (:mod:`cwsa_jax.cli._interrupt`).
 
 The modules, from the entry point down:
 
-- commands: ``_demo``, ``_evaluate``, ``_compare``, ``_reproduce`` (and
-  ``cwsa_jax.training._cmd_train``); ``_synthetic`` holds what the two
-  commands on the paper's synthetic models share;
+- commands: ``_demo``, ``_evaluate`` (``_stream``: its ``--stream`` mode),
+  ``_compare``, ``_reproduce`` (and ``cwsa_jax.training._cmd_train``);
+  ``_synthetic`` holds what the two commands on the paper's synthetic models share;
 - reports: ``_metrics`` computes them as typed results, ``_json`` writes
   metrics.json, ``_markdown`` report.md (numbers and tables from ``_format``),
   ``_figures`` the PNGs; ``_settings`` holds the conventions, ``_intervals``
@@ -21,7 +21,9 @@ The modules, from the entry point down:
   folders safely, ``_interrupt`` handles Ctrl-C, ``_util`` the shared flags.
 
 They use the library through its public names (``import cwsa_jax as cw``), and
-the bootstrap's progress hook for the progress bars (in ``_intervals``).
+the bootstrap's progress hook for the progress bars (in ``_intervals``); the
+metrics of computed sweeps (``_select.select_from_sweep`` and ``_aumcc._area``, in
+``_metrics``) and the key layout of :mod:`cwsa_jax.streaming` (in ``_stream``).
 """
 
 from __future__ import annotations

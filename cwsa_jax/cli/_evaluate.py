@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import textwrap
 from pathlib import Path
+from typing import Callable, Sequence
 
 import numpy as np
 
 import cwsa_jax as cw
-from cwsa_jax.cli import _figures, _intervals, _io, _json, _markdown, _metrics, _output
+from cwsa_jax.cli import _figures, _intervals, _io, _json, _markdown, _metrics, _output, _stream
 from cwsa_jax.cli._format import selected_rows, text_table
 from cwsa_jax.cli._settings import (Settings, add_min_coverage_flag, check_min_coverage,
                                     parse_thresholds)
@@ -17,6 +18,7 @@ from cwsa_jax.cli._util import (UserError, add_output_flags, add_progress_flag, 
                                 progress_enabled, stage, write_json_atomic)
 
 DEFAULT_OUT = "cwsa-evaluate"
+DEFAULT_BOOTSTRAP = 1000
 _NORMS = ("l1", "l2", "max")
 _BINNINGS = ("width", "mass")
 _CONVENTIONS = ("step", "trapezoid", "published_code")
@@ -113,18 +115,70 @@ def model_report(loaded: _io.LoadedPredictions, settings: Settings, args: argpar
       scoring=_scoring_rules(loaded), classes=classes, groups=groups, worst=worst)
 
 
+def output_dir(args: argparse.Namespace, paths: list[Path]) -> tuple[Path, tuple]:
+  """The checked output folder (``--out``, or a fresh default one) and the inputs it must
+  not hold."""
+  inputs = (*paths, args.labels, args.select_on)
+  out = _output.check_output_dir(
+      args.out if args.out is not None else _output.fresh_output_dir(DEFAULT_OUT),
+      force=args.force, inputs=inputs)
+  return out, inputs
+
+
+def write_outputs(args: argparse.Namespace, out: Path, inputs: tuple, paths: list[Path], *,
+                  source: str, report: _metrics.ModelReport, settings: Settings,
+                  draw: Callable[[Path], list[tuple[str, str]]],
+                  intervals: _intervals.Intervals | None = None,
+                  streaming: dict | None = None, notes: Sequence[str] = ()) -> list:
+  """Writes metrics.json, report.md and the figures (``draw(folder)``, unless --no-figures)
+  into ``out`` at once (nothing is left behind on failure); returns the figures."""
+  name = _io.inputs_name(paths)
+  with _output.atomic_output_dir(out, force=args.force, inputs=inputs, command="evaluate") as tmp:
+    with stage("figures", enabled=progress_enabled(args) and not args.no_figures):
+      figures = [] if args.no_figures else draw(tmp)
+    payload = {"command": "evaluate", **({"file": str(paths[0])} if len(paths) == 1 else {}),
+               "files": [str(path) for path in paths], "source": source,
+               "settings": _json.settings_json(settings), **_json.report_json(report)}
+    if streaming is not None:
+      payload["streaming"] = streaming
+    if intervals is not None:
+      payload["intervals"] = _json.intervals_json(intervals)
+    write_json_atomic(tmp / "metrics.json", payload)
+    text = _markdown.evaluation_report(title=f"Evaluation of {name}", source=source,
+                                       report=report, settings=settings, figures=figures,
+                                       command="cwsa-jax evaluate", intervals=intervals,
+                                       notes=notes)
+    (tmp / "report.md").write_text(text, encoding="utf-8")
+  return figures
+
+
+def print_intervals(report: _metrics.ModelReport, intervals: _intervals.Intervals | None,
+                    settings: Settings) -> None:
+  if intervals is not None:
+    print(f"\n{intervals.level:.0%} percentile-bootstrap intervals "
+          f"({intervals.num_resamples} {intervals.resampling} resamples, seed {intervals.seed}):")
+    print(text_table(("metric", "value", "low", "high"),
+                     _intervals.interval_rows(report.metrics, intervals, settings)))
+
+
+def print_written(args: argparse.Namespace, out: Path, figures: list) -> None:
+  print(f"\nWrote {out}/report.md, {out}/metrics.json"
+        + ("" if args.no_figures else f" and {len(figures)} figures"))
+
+
 def run(args: argparse.Namespace) -> int:
   settings = settings_from_args(args)
+  if args.stream:
+    return _stream.run(args, settings)
+  if args.chunk_rows is not None:
+    raise UserError("--chunk-rows goes with --stream (the rows are read in chunks anyway)")
   _intervals.check_bootstrap_flags(args, allow_zero=True)
   resampling = _intervals.resampling_scheme(settings, args.resampling)
   if args.worst is not None and args.worst < 1:
     raise UserError(f"--worst must be >= 1, got {args.worst}")
   # Check the output folder and read the input before any long step.
   paths = _io.expand_inputs(args.files)
-  inputs = (*paths, args.labels, args.select_on)
-  out = _output.check_output_dir(
-      args.out if args.out is not None else _output.fresh_output_dir(DEFAULT_OUT),
-      force=args.force, inputs=inputs)
+  out, inputs = output_dir(args, paths)
   show = progress_enabled(args)
   name = _io.inputs_name(paths)
   with stage(f"loading {name}", enabled=show):
@@ -140,33 +194,18 @@ def run(args: argparse.Namespace) -> int:
       intervals = _intervals.evaluation_intervals(
           loaded.confidences, loaded.correct, settings, num_resamples=args.bootstrap,
           level=args.level, seed=args.seed, resampling=resampling, progress=bar.update)
-  with _output.atomic_output_dir(out, force=args.force, inputs=inputs, command="evaluate") as tmp:
-    with stage("figures", enabled=show and not args.no_figures):
-      figures = [] if args.no_figures else _figures.model_figures(
+  figures = write_outputs(
+      args, out, inputs, paths, source=loaded.source, report=report, settings=settings,
+      intervals=intervals, draw=lambda tmp: _figures.model_figures(
           tmp, loaded.confidences, loaded.correct, report.metrics, settings, name=name,
-          deployment=report.threshold_choice)
-    payload = {"command": "evaluate", **({"file": str(paths[0])} if len(paths) == 1 else {}),
-               "files": [str(path) for path in paths], "source": loaded.source,
-               "settings": _json.settings_json(settings), **_json.report_json(report)}
-    if intervals is not None:
-      payload["intervals"] = _json.intervals_json(intervals)
-    write_json_atomic(tmp / "metrics.json", payload)
-    text = _markdown.evaluation_report(title=f"Evaluation of {name}", source=loaded.source,
-                                       report=report, settings=settings, figures=figures,
-                                       command="cwsa-jax evaluate", intervals=intervals)
-    (tmp / "report.md").write_text(text, encoding="utf-8")
-  _print_summary(loaded.source, report, settings)
-  if intervals is not None:
-    print(f"\n{intervals.level:.0%} percentile-bootstrap intervals "
-          f"({intervals.num_resamples} {intervals.resampling} resamples, seed {intervals.seed}):")
-    print(text_table(("metric", "value", "low", "high"),
-                     _intervals.interval_rows(report.metrics, intervals, settings)))
-  print(f"\nWrote {out}/report.md, {out}/metrics.json"
-        + ("" if args.no_figures else f" and {len(figures)} figures"))
+          deployment=report.threshold_choice))
+  print_summary(loaded.source, report, settings)
+  print_intervals(report, intervals, settings)
+  print_written(args, out, figures)
   return 0
 
 
-def _print_summary(source: str, report: _metrics.ModelReport, settings: Settings) -> None:
+def print_summary(source: str, report: _metrics.ModelReport, settings: Settings) -> None:
   metrics = report.metrics
   print(f"{source}: n = {metrics.n}")
   print(text_table(("metric", "value"), _markdown.scalar_rows(metrics, report.scoring)[1:]))
@@ -263,7 +302,16 @@ per group with --group-by COLUMN (CSV), and lists the most confident mistakes wi
                  help="list the K most damaging samples (confident and wrong) at the lowest "
                  "threshold of the grid")
   p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
-  _intervals.add_bootstrap_flags(p, default_resamples=1000)
+  p.add_argument("--stream", action="store_true",
+                 help="read CSV / Parquet inputs in chunks with memory bounded by the chunk, "
+                 "not the file: the sweep, accuracy and ECE are exact sums over the chunks, "
+                 "AURC / AUGRC / E-AURC exact from a second read of the files (more when "
+                 "there are very many distinct confidences), Poisson-bootstrap intervals from "
+                 "further reads (the in-memory ones); no per-class or --group-by breakdowns, "
+                 "--worst, --binning mass, --aurc published_code or --resampling multinomial")
+  p.add_argument("--chunk-rows", type=int, metavar="N",
+                 help=f"rows per chunk with --stream (default {_stream.DEFAULT_CHUNK_ROWS:,})")
+  _intervals.add_bootstrap_flags(p, default_resamples=DEFAULT_BOOTSTRAP)
   _intervals.add_resampling_flag(p)
   add_progress_flag(p)
   p.set_defaults(func=run)

@@ -51,6 +51,22 @@ def model_figures(out_dir: Path, confidences: Any, correct: Any, metrics: Metric
 
   A feasible ``deployment`` threshold is marked on the curves.
   """
+  bins = cw.calibration_bins(confidences, correct, num_bins=settings.num_bins,
+                             binning=settings.binning)
+  return draw_model_figures(out_dir, metrics, settings, bins=bins,
+                            curve=cw.risk_coverage_curve(confidences, correct), name=name,
+                            deployment=deployment)
+
+
+RISK_COVERAGE_CAPTION = "Selective risk and generalized risk vs. coverage."
+
+
+def draw_model_figures(out_dir: Path, metrics: Metrics, settings: Settings, *,
+                       bins: cw.CalibrationBins, curve: cw.RiskCoverageCurve, name: str,
+                       deployment: Deployment | None = None,
+                       curve_caption: str = RISK_COVERAGE_CAPTION) -> list[tuple[str, str]]:
+  """:func:`model_figures` from the reliability ``bins`` and the risk-coverage ``curve``
+  (computed from the rows, or from streamed states)."""
   figures = []
   cwsa_label = "CWSA" if settings.normalize == "retained" else "CWSA ÷ n (published code)"
   fig = plots.threshold_curves(metrics.sweep, title=f"{name}: selective metrics vs. threshold",
@@ -58,16 +74,13 @@ def model_figures(out_dir: Path, confidences: Any, correct: Any, metrics: Metric
   plots.save(fig, out_dir / "threshold_curves.png")
   figures.append(("threshold_curves.png", "Selective accuracy, CWSA, CWSA+ and coverage vs. threshold "
                   "(thresholds that retain nothing are shaded and left out of the lines)."))
-  bins = cw.calibration_bins(confidences, correct, num_bins=settings.num_bins,
-                             binning=settings.binning)
   fig = plots.reliability_diagram(bins, title=f"{name}: reliability diagram",
                                   ece=float(metrics.ece))
   plots.save(fig, out_dir / "reliability_diagram.png")
   figures.append(("reliability_diagram.png", reliability_caption(settings)))
-  curve = cw.risk_coverage_curve(confidences, correct)
   label = f"{name} (AURC {fmt(metrics.aurc)}, AUGRC {fmt(metrics.augrc)})"
   fig = plots.risk_coverage({name: curve}, title=f"{name}: risk-coverage curves",
                             labels={name: label})
   plots.save(fig, out_dir / "risk_coverage.png")
-  figures.append(("risk_coverage.png", "Selective risk and generalized risk vs. coverage."))
+  figures.append(("risk_coverage.png", curve_caption))
   return figures

@@ -34,6 +34,7 @@ shard is known to hold the same kind of columns (:func:`concatenate`).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import zipfile
@@ -106,6 +107,21 @@ def load_predictions(path: str | os.PathLike, *, labels_path: str | os.PathLike 
   if scores not in SCORE_KINDS:
     raise UserError(f"--scores must be one of {', '.join(SCORE_KINDS)}, got {scores!r}")
   path = Path(path)
+  ext = _checked_extension(path)
+  if labels_path is not None and ext != ".npy":
+    raise UserError(f"--labels is only used with a .npy scores file, not with {path}")
+  if group_by is not None and ext not in TABLE_EXTENSIONS:
+    raise UserError(f"--group-by needs a CSV or Parquet file with the group column, not {path}")
+  with _one_line_errors():
+    if ext in TABLE_EXTENSIONS:
+      return _load_table(path, _table_chunks(path, ext, None, group_by))
+    if ext == ".npz":
+      return _load_npz(path, scores)
+    return _load_npy(path, labels_path, scores)
+
+
+def _checked_extension(path: Path) -> str:
+  """The lower-case extension of an existing input file (UserError naming it otherwise)."""
   ext = path.suffix.lower()
   if ext not in EXTENSIONS:
     raise UserError(f"{path}: unknown file type {path.suffix or '(no extension)'!r}; "
@@ -114,24 +130,80 @@ def load_predictions(path: str | os.PathLike, *, labels_path: str | os.PathLike 
     raise UserError(f"{path}: file not found")
   if path.is_dir():
     raise UserError(f"{path}: is a directory, expected a {ext} file")
-  if labels_path is not None and ext != ".npy":
-    raise UserError(f"--labels is only used with a .npy scores file, not with {path}")
-  if group_by is not None and ext not in TABLE_EXTENSIONS:
-    raise UserError(f"--group-by needs a CSV or Parquet file with the group column, not {path}")
+  return ext
+
+
+@contextlib.contextmanager
+def _one_line_errors() -> Iterator[None]:
+  """Re-raises a UserError whose message spans several lines (NumPy's) as one line."""
   try:
-    if ext == ".csv":
-      return _load_table(path, iter_csv_chunks(path, _csv.DEFAULT_CHUNK_ROWS, group_by=group_by),
-                         "CSV")
-    if ext == ".parquet":
-      return _load_table(path, _parquet.iter_parquet_chunks(path, group_by=group_by), "Parquet")
-    if ext == ".npz":
-      return _load_npz(path, scores)
-    return _load_npy(path, labels_path, scores)
+    yield
   except UserError as e:
     message = str(e)
     if "\n" not in message and "\r" not in message:
       raise
-    raise UserError(" ".join(message.split())) from None  # a NumPy message over several lines
+    raise UserError(" ".join(message.split())) from None
+
+
+_TABLE_KINDS = {".csv": "CSV", ".parquet": "Parquet"}
+
+
+def _table_chunks(path: Path, ext: str, chunk_rows: int | None,
+                  group_by: str | None) -> Iterator[_csv.CsvChunk]:
+  """The checked blocks of a CSV or Parquet file (``chunk_rows`` rows at most; None: the
+  reader's default)."""
+  if ext == ".csv":
+    return iter_csv_chunks(path, chunk_rows or _csv.DEFAULT_CHUNK_ROWS, group_by=group_by)
+  return _parquet.iter_parquet_chunks(path, chunk_rows or _parquet.DEFAULT_BATCH_ROWS,
+                                      group_by=group_by)
+
+
+def iter_table_chunks(path: str | os.PathLike, chunk_rows: int) -> Iterator[_csv.CsvChunk]:
+  """The blocks of ``chunk_rows`` rows at most of a CSV or Parquet predictions file, read
+  one at a time (``evaluate --stream``), checked as :func:`load_predictions` checks them.
+
+  Raises:
+    UserError: as :func:`load_predictions` (one line naming the file), or the file is not
+      a CSV or Parquet file.
+  """
+  path = Path(path)
+  ext = _checked_extension(path)
+  if ext not in TABLE_EXTENSIONS:
+    raise UserError(f"{path}: --stream reads CSV and Parquet files only; a {ext} file is "
+                    "loaded whole: drop --stream")
+  with _one_line_errors():
+    yield from _table_chunks(path, ext, chunk_rows, None)
+
+
+def chunk_labels(chunk: _csv.CsvChunk) -> str | None:
+  """The class labels of a file's block: None (``confidence, correct``), ``"int"`` or
+  ``"name"`` (class names)."""
+  if chunk.y_true is None:
+    return None
+  return "name" if chunk.y_true.dtype.kind == "U" else "int"
+
+
+def table_schema(labels: str | None) -> str:
+  """What a CSV or Parquet file with ``labels`` (:func:`chunk_labels`) holds, in words."""
+  if labels is None:
+    return "confidence, correct"
+  return f"y_true, y_pred, confidence ({'class names' if labels == 'name' else 'integer labels'})"
+
+
+def table_source(paths: Sequence[Path], labels: str | None) -> str:
+  """The ``source`` of CSV or Parquet predictions (as :func:`load_inputs` states it)."""
+  if len(paths) > 1:
+    return f"{inputs_name(paths)}: {table_schema(labels)}"
+  path = Path(paths[0])
+  columns = ("confidence, correct" if labels is None else
+             "y_true, y_pred, confidence" + ("; class names" if labels == "name" else ""))
+  return f"{path.name} ({_TABLE_KINDS[path.suffix.lower()]}: {columns})"
+
+
+def different_columns(path: Path, schema: str, first: Path, first_schema: str) -> UserError:
+  """The error of a shard whose columns differ from the first's."""
+  return UserError(f"{path}: holds {schema} but {first} holds {first_schema}; every input "
+                   "must have the same columns")
 
 
 # --------------------------------------------------------------------------
@@ -215,8 +287,7 @@ def load_inputs(paths: Sequence[str | os.PathLike], *,
   for path in paths:
     loaded = load_predictions(path, scores=scores, group_by=group_by)
     if parts and _schema(loaded) != _schema(parts[0]):
-      raise UserError(f"{path}: holds {_schema(loaded)} but {paths[0]} holds "
-                      f"{_schema(parts[0])}; every input must have the same columns")
+      raise different_columns(path, _schema(loaded), paths[0], _schema(parts[0]))
     parts.append(loaded)
   return concatenate(parts, paths)
 
@@ -235,9 +306,8 @@ def _schema(loaded: LoadedPredictions) -> str:
     kind = "logits" if loaded.from_logits else "probs"
     return f"{kind} over {loaded.num_classes} classes and labels"
   if loaded.labels is not None:
-    labels = "class names" if loaded.class_names is not None else "integer labels"
-    return f"y_true, y_pred, confidence ({labels})"
-  return "confidence, correct"
+    return table_schema("name" if loaded.class_names is not None else "int")
+  return table_schema(None)
 
 
 def concatenate(parts: Sequence[LoadedPredictions], paths: Sequence[Path]) -> LoadedPredictions:
@@ -258,7 +328,7 @@ def concatenate(parts: Sequence[LoadedPredictions], paths: Sequence[Path]) -> Lo
                                       for p in parts])
   if first.scores is not None:
     scores = np.concatenate([p.scores for p in parts])
-  source = f"{inputs_name(paths)}: {_schema(first)}"
+  source = f"{inputs_name(paths)}: {_schema(first)}"  # == table_source for CSV / Parquet
   return LoadedPredictions(np.concatenate([p.confidences for p in parts]),
                            np.concatenate([p.correct for p in parts]), source,
                            num_classes=first.num_classes, scores=scores, labels=labels,
@@ -271,8 +341,8 @@ def concatenate(parts: Sequence[LoadedPredictions], paths: Sequence[Path]) -> Lo
 # --------------------------------------------------------------------------
 
 
-def _load_table(path: Path, chunks: Iterator[_csv.CsvChunk], kind: str) -> LoadedPredictions:
-  """The blocks of a CSV or Parquet file (``kind``) as one set: only NumPy arrays are kept."""
+def _load_table(path: Path, chunks: Iterator[_csv.CsvChunk]) -> LoadedPredictions:
+  """The blocks of a CSV or Parquet file as one set: only NumPy arrays are kept."""
   confidences, correct, true_labels, pred_names, groups = [], [], [], [], []
   for chunk in chunks:
     confidences.append(chunk.confidences.astype(np.float32))
@@ -287,14 +357,14 @@ def _load_table(path: Path, chunks: Iterator[_csv.CsvChunk], kind: str) -> Loade
       groups.append(np.unique(chunk.groups, return_inverse=True))
   labels = class_names = None
   if not true_labels:
-    source = f"{path.name} ({kind}: confidence, correct)"
+    source = table_source([path], None)
   elif isinstance(true_labels[0], tuple):
     labels, names = _merge_codes(true_labels, pred_names)
     class_names = tuple(str(name) for name in names)
-    source = f"{path.name} ({kind}: y_true, y_pred, confidence; class names)"
+    source = table_source([path], "name")
   else:
     labels = np.concatenate(true_labels)
-    source = f"{path.name} ({kind}: y_true, y_pred, confidence)"
+    source = table_source([path], "int")
   group_ids = group_names = None
   if groups:
     group_ids, group_names = _group_ids(groups)

@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import cwsa_jax as cw
+from cwsa_jax import _select
+from cwsa_jax._aumcc import _area
 from cwsa_jax.cli._settings import SELECTION_METRIC, Settings
 
 
@@ -162,26 +164,34 @@ def compute_metrics(confidences: Any, correct: Any, settings: Settings) -> Metri
   """Every metric of :class:`Metrics` on [..., n] inputs, with the conventions of ``settings``."""
   c = jnp.asarray(confidences, jnp.float32)
   ok = jnp.asarray(correct, jnp.bool_)
-  thresholds = settings.grid
-  result = cw.sweep(c, ok, thresholds, normalize=settings.normalize)
-  summary = cw.risk_coverage_summary(c, ok, convention=settings.aurc_convention)
-  if thresholds.size >= 2:
-    aumcc = Aumcc(*(np.asarray(cw.aumcc(c, ok, thresholds, metric=m, axis=settings.aumcc_axis,
-                                        normalize=settings.normalize))
-                    for m in Aumcc._fields))
-  else:
-    aumcc = Aumcc(*[np.full(c.shape[:-1], np.nan, np.float32)] * len(Aumcc._fields))
-  return Metrics(
+  return assemble_metrics(
       n=int(c.shape[-1]),
       accuracy=np.asarray(ok).mean(axis=-1, dtype=np.float64).astype(np.float32),
-      ece=np.asarray(cw.ece(c, ok, num_bins=settings.num_bins, norm=settings.ece_norm,
-                            binning=settings.binning)),
-      aurc=np.asarray(summary.aurc),
-      eaurc=np.asarray(summary.eaurc),
-      augrc=np.asarray(summary.augrc),
-      aumcc=aumcc,
-      sweep=SweepFields(thresholds, *(np.asarray(getattr(result, f)) for f in SWEPT)),
-  )
+      ece=cw.ece(c, ok, num_bins=settings.num_bins, norm=settings.ece_norm,
+                 binning=settings.binning),
+      risk_coverage=cw.risk_coverage_summary(c, ok, convention=settings.aurc_convention),
+      result=cw.sweep(c, ok, settings.grid, normalize=settings.normalize),
+      settings=settings)
+
+
+def assemble_metrics(*, n: int, accuracy: Any, ece: Any, risk_coverage: cw.RiskCoverageSummary,
+                     result: cw.SweepResult, settings: Settings) -> Metrics:
+  """:class:`Metrics` from computed parts: the sweep ``result`` [..., T] on ``settings.grid``
+  (its CWSA normalised as ``settings.normalize``) also gives the AUMCC of each swept metric,
+  the trapezoid of :func:`cwsa_jax.aumcc` over the same sweep (NaN for a grid of one point)."""
+  thresholds = settings.grid
+  coverage = jnp.asarray(result.coverage)
+  if thresholds.size >= 2:
+    aumcc = Aumcc(*(np.asarray(_area(jnp.asarray(thresholds), coverage,
+                                     jnp.asarray(getattr(result, m)), axis=settings.aumcc_axis))
+                    for m in Aumcc._fields))
+  else:
+    aumcc = Aumcc(*[np.full(coverage.shape[:-1], np.nan, np.float32)] * len(Aumcc._fields))
+  return Metrics(
+      n=n, accuracy=np.asarray(accuracy), ece=np.asarray(ece),
+      aurc=np.asarray(risk_coverage.aurc), eaurc=np.asarray(risk_coverage.eaurc),
+      augrc=np.asarray(risk_coverage.augrc), aumcc=aumcc,
+      sweep=SweepFields(thresholds, *(np.asarray(getattr(result, f)) for f in SWEPT)))
 
 
 def map_values(fn: Callable[[Any], Any], metrics: Metrics) -> Metrics:
@@ -228,10 +238,22 @@ def coverage_span(coverage: Any) -> tuple[np.ndarray, np.ndarray]:
 
 def choose_threshold(confidences: Any, correct: Any, settings: Settings) -> Deployment:
   """:func:`cwsa_jax.select_threshold` on the report's grid under ``settings.min_coverage``."""
+  return _deployment(lambda: cw.select_threshold(
+      np.asarray(confidences, np.float32), np.asarray(correct, bool), thresholds=settings.grid,
+      metric=SELECTION_METRIC, min_coverage=settings.min_coverage), settings)
+
+
+def choose_on_sweep(result: cw.SweepResult, settings: Settings) -> Deployment:
+  """:func:`choose_threshold` from the data's sweep on ``settings.grid`` (CWSA divided by |S|,
+  ``normalize="retained"``), e.g. a streamed ``SweepState``'s: the same choice."""
+  return _deployment(lambda: _select.select_from_sweep(
+      result, metric=SELECTION_METRIC, min_coverage=settings.min_coverage, max_risk=None),
+      settings)
+
+
+def _deployment(select: Callable[[], cw.ThresholdChoice], settings: Settings) -> Deployment:
   try:
-    choice = cw.select_threshold(np.asarray(confidences, np.float32), np.asarray(correct, bool),
-                                 thresholds=settings.grid, metric=SELECTION_METRIC,
-                                 min_coverage=settings.min_coverage)
+    choice = select()
   except ValueError as e:
     return Deployment(SELECTION_METRIC, settings.min_coverage, None, str(e))
   return Deployment(SELECTION_METRIC, settings.min_coverage, choice)
@@ -241,21 +263,30 @@ def operating_point(confidences: Any, correct: Any, tau: float) -> OperatingPoin
   """Coverage, selective accuracy and risk, and CWSA (divided by |S|) of the data at ``tau``."""
   result = cw.sweep(np.asarray(confidences, np.float32), np.asarray(correct, bool),
                     np.asarray([tau], np.float32))
-  accuracy = float(np.asarray(result.selective_accuracy)[0])
-  return OperatingPoint(threshold=float(tau), coverage=float(np.asarray(result.coverage)[0]),
+  return point_of_sweep(result, 0)
+
+
+def point_of_sweep(result: cw.SweepResult, index: int) -> OperatingPoint:
+  """The :class:`OperatingPoint` at threshold ``index`` of a sweep (``normalize="retained"``)."""
+  accuracy = float(np.asarray(result.selective_accuracy)[index])
+  return OperatingPoint(threshold=float(np.asarray(result.thresholds)[index]),
+                        coverage=float(np.asarray(result.coverage)[index]),
                         selective_accuracy=accuracy, selective_risk=1.0 - accuracy,
-                        cwsa=float(np.asarray(result.cwsa)[0]))
+                        cwsa=float(np.asarray(result.cwsa)[index]))
 
 
 def choose_held_out(selection: tuple[Any, Any], confidences: Any, correct: Any,
-                    settings: Settings, *, file: str) -> Deployment:
+                    settings: Settings, *, file: str,
+                    evaluated_at: Callable[[float], OperatingPoint] | None = None) -> Deployment:
   """:func:`choose_threshold` on held-out ``selection`` = (confidences, correct) from ``file``,
-  with the evaluated (``confidences``, ``correct``) operating point at the chosen threshold."""
+  with the evaluated (``confidences``, ``correct``) operating point at the chosen threshold
+  (or ``evaluated_at(threshold)``'s, when the evaluated data is not in memory)."""
   deployment = choose_threshold(*selection, settings)._replace(selected_on=str(file))
   if deployment.choice is None:
     return deployment
-  return deployment._replace(
-      evaluated=operating_point(confidences, correct, deployment.choice.threshold))
+  tau = deployment.choice.threshold
+  return deployment._replace(evaluated=operating_point(confidences, correct, tau)
+                             if evaluated_at is None else evaluated_at(tau))
 
 
 def group_metrics(confidences: Any, correct: Any, groups: Any, names: tuple[str, ...],
