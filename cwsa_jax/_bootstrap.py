@@ -72,7 +72,7 @@ BLOCK_ELEMENTS = 1 << 20
 # one call serve several resamples of a large test set (Poisson: its int8
 # multiplicities, one byte per resampled value, are held for the whole block).
 EVALUATION_BLOCK_ELEMENTS = 1 << 26
-POISSON_BLOCK_ELEMENTS = 1 << 25
+POISSON_BLOCK_ELEMENTS = 1 << 23
 # Blocks of resamples computed at once, on host threads: two cores' worth.
 BLOCKS_IN_FLIGHT = 2
 

@@ -71,7 +71,7 @@ _SHIFT = 23 - MANTISSA_BITS
 _NUM_BINS = streaming._num_rc_bins(MANTISSA_BITS)
 _HARMONIC_BLOCK = 1 << 20
 # Rows one bootstrap pass holds (about 40 bytes each while their resamples run).
-BOOTSTRAP_RANGE_ROWS = 1 << 22
+BOOTSTRAP_RANGE_ROWS = 1 << 21
 
 
 # --------------------------------------------------------------------------
