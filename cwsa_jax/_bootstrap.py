@@ -839,10 +839,26 @@ def _sum_float(x: jax.Array) -> jax.Array:
   return jnp.sum(jnp.sum(padded.reshape(-1, size), axis=-1))
 
 
-def _harmonic_tail(n: int) -> np.ndarray:
-  """float32 [n + 1]: entry j is sum_{k = j + 1}^{n} 1/k (float64, then rounded)."""
-  inverse = 1.0 / np.arange(1, n + 1, dtype=np.float64)
-  return np.concatenate([np.cumsum(inverse[::-1])[::-1], [0.0]]).astype(np.float32)
+_SMALL_HARMONIC = np.cumsum(np.concatenate([[0.0], 1.0 / np.arange(1, 8)])).astype(np.float32)
+
+
+def _harmonic_difference(r: jax.Array, n: jax.Array) -> jax.Array:
+  """H_n - H_r = sum_{k = r + 1}^{n} 1/k (float32) of int32 0 <= r <= n, in O(1) memory.
+
+  With f(x) = ln x + 1/(2x) - 1/(12 x^2) + 1/(120 x^4), H_x = f(x) + gamma + O(x^-6):
+  for r >= 8 the difference f(n) - f(r), its logarithm as log1p((n - r) / r) (a
+  truncation error below 2e-8 relative); for r < 8 the exact H_r, and H_n from f(n)
+  when n >= 8.
+  """
+  def tail(x):  # f(x) - ln x
+    return 0.5 / x - 1.0 / (12.0 * x * x) + 1.0 / (120.0 * x * x * x * x)
+
+  small = jnp.asarray(_SMALL_HARMONIC)
+  rf, nf = jnp.maximum(r, 8).astype(jnp.float32), jnp.maximum(n, 8).astype(jnp.float32)
+  large = jnp.log1p((n - r).astype(jnp.float32) / rf) + tail(nf) - tail(rf)
+  h_n = jnp.where(n < 8, small[jnp.clip(n, 0, 7)], jnp.log(nf) + np.float32(np.euler_gamma)
+                  + tail(nf))
+  return jnp.where(r >= 8, large, h_n - small[jnp.clip(r, 0, 7)])
 
 
 @jax.jit
@@ -953,10 +969,10 @@ def _area_carry_zero(shape=()) -> _AreaCarry:
   return _AreaCarry(i0, i0, i0, i0, f0, f0, f0)
 
 
-def _areas(m, data: _Evaluation, harmonic, convention: str):
+def _areas(m, data: _Evaluation, convention: str):
   """AURC, AUGRC and E-AURC of multiplicities ``m`` [n] (sorted order): one sequential pass."""
   return _areas_from_carry(_area_scan(m, data.correct, data.group_end, _area_carry_zero(),
-                                      convention), harmonic, convention)
+                                      convention), convention)
 
 
 def _area_scan(m, correct, group_end, carry: _AreaCarry, convention: str) -> _AreaCarry:
@@ -1006,7 +1022,7 @@ def _area_scan(m, correct, group_end, carry: _AreaCarry, convention: str) -> _Ar
   return _AreaCarry(*out)
 
 
-def _areas_from_carry(carry: _AreaCarry, harmonic, convention: str):
+def _areas_from_carry(carry: _AreaCarry, convention: str):
   """AURC, AUGRC and E-AURC of the area scan's final ``carry``."""
   step_rule = convention == "step"
   total, num_errors, area, generalized = carry.k, carry.e, carry.area, carry.generalized
@@ -1015,12 +1031,9 @@ def _areas_from_carry(carry: _AreaCarry, harmonic, convention: str):
   augrc = generalized / n / n
   num_right = total - num_errors
   if step_rule:
-    # sum_{k = r + 1}^{n} (k - r)/k / n with r correct: (E - r (H_n - H_r)) / n, H_n - H_r
-    # from the tail sums (NaN for a Poisson resample beyond the table: never in practice).
-    in_table = total < harmonic.shape[0]
-    tails = harmonic[num_right] - harmonic[jnp.minimum(total, harmonic.shape[0] - 1)]
-    oracle = jnp.where(in_table, (num_errors.astype(jnp.float32)
-                                  - num_right.astype(jnp.float32) * tails) / n, jnp.nan)
+    # sum_{k = r + 1}^{n} (k - r)/k / n with r correct: (E - r (H_n - H_r)) / n.
+    oracle = (num_errors.astype(jnp.float32)
+              - num_right.astype(jnp.float32) * _harmonic_difference(num_right, total)) / n
   else:
     oracle = 0.5 * (num_errors.astype(jnp.float32) / n) ** 2
   degenerate = (num_errors == 0) | (num_errors == total)
@@ -1077,21 +1090,21 @@ def _prepare_evaluation(confidences: np.ndarray, correct: np.ndarray,
   return data, grid.shape[0] + 1
 
 
-def _evaluate(m, data, thresholds, order, harmonic, plan):
+def _evaluate(m, data, thresholds, order, plan):
   out = _sweep_and_calibration(_weighted_bucket_sums(m, data, plan.num_buckets), data.retained,
                                data.bins, thresholds, order, plan)
-  out.update(_areas(m, data, harmonic, plan.convention))
+  out.update(_areas(m, data, plan.convention))
   return out
 
 
 @functools.partial(jax.jit, static_argnames=("plan",))
-def _evaluation_estimate_jit(data, thresholds, order, harmonic, plan):
+def _evaluation_estimate_jit(data, thresholds, order, plan):
   m = jnp.ones(data.correct.shape, jnp.int32)
-  return _evaluate(m, data, thresholds, order, harmonic, plan)
+  return _evaluate(m, data, thresholds, order, plan)
 
 
 @functools.partial(jax.jit, static_argnames=("plan", "num_chunks"))
-def _evaluation_block_jit(data, thresholds, order, harmonic, key, start, plan, num_chunks):
+def _evaluation_block_jit(data, thresholds, order, key, start, plan, num_chunks):
   n = data.correct.shape[0]
 
   b = start + jnp.arange(num_chunks, dtype=jnp.uint32)
@@ -1101,13 +1114,13 @@ def _evaluation_block_jit(data, thresholds, order, harmonic, key, start, plan, n
     # bits into the area scan's sequential loop and compute them sample by sample.
     ms = lax.map(lambda b: _poisson_from_seed(_seed(key, b), data.source).astype(jnp.int8), b)
     return lax.map(
-        lambda m: _evaluate(m.astype(jnp.int32), data, thresholds, order, harmonic, plan), ms)
+        lambda m: _evaluate(m.astype(jnp.int32), data, thresholds, order, plan), ms)
 
   def one(b):
     idx = _indices_from_seed(_seed(key, b), n)
     position = idx if data.rank is None else data.rank[idx]
     m = jnp.zeros((n,), jnp.int32).at[position].add(1, mode="promise_in_bounds")
-    return _evaluate(m, data, thresholds, order, harmonic, plan)
+    return _evaluate(m, data, thresholds, order, plan)
 
   return lax.map(one, b)
 
@@ -1133,15 +1146,6 @@ def _check_evaluation_data(confidences, correct, name: str):
   if k.dtype != jnp.bool_:
     raise ValueError(f"{name} needs boolean (0/1) correctness")
   return c, k
-
-
-def _harmonic_table(n: int, convention: str, resampling: str) -> jax.Array:
-  """The E-AURC oracle's harmonic tail sums, up to the largest resample size."""
-  if convention != "step":
-    return jnp.zeros(1)
-  # A Poisson resample's size exceeds n + 12 sqrt(n) + 64 with probability below e^-70.
-  return jnp.asarray(_harmonic_tail(n if resampling == "multinomial"
-                                    else n + 12 * math.isqrt(n) + 64))
 
 
 def bootstrap_evaluation(confidences, correct, thresholds, *, key, num_resamples: int = 1000,
@@ -1198,12 +1202,11 @@ def bootstrap_evaluation(confidences, correct, thresholds, *, key, num_resamples
   order, sorted_t = _sweep.sorted_thresholds(t)
   data, num_buckets = _prepare_evaluation(np.asarray(c, np.float32), np.asarray(k),
                                           np.asarray(sorted_t), num_bins, resampling)
-  harmonic = _harmonic_table(n, aurc_convention, resampling)
   plan = _Plan(num_buckets, t.shape[0], num_bins, ece_norm, aurc_convention, normalize,
                resampling)
-  estimate = EvaluationMetrics(**_evaluation_estimate_jit(data, t, order, harmonic, plan))
+  estimate = EvaluationMetrics(**_evaluation_estimate_jit(data, t, order, plan))
   samples = _run_blocks(
-      lambda start, size, chunks: _evaluation_block_jit(data, t, order, harmonic, key, start, plan,
+      lambda start, size, chunks: _evaluation_block_jit(data, t, order, key, start, plan,
                                                         chunks),
       num_resamples, 1, n, block_elements=(POISSON_BLOCK_ELEMENTS if resampling == "poisson"
                                            else EVALUATION_BLOCK_ELEMENTS))
@@ -1250,10 +1253,10 @@ def _range_estimate_jit(data, length, state, plan):
 
 
 @functools.partial(jax.jit, static_argnames=("plan",))
-def _range_metrics_jit(state, retained, bins, thresholds, order, harmonic, plan):
+def _range_metrics_jit(state, retained, bins, thresholds, order, plan):
   def one(state):
     out = _sweep_and_calibration((state.hi, state.lo), retained, bins, thresholds, order, plan)
-    out.update(_areas_from_carry(state.carry, harmonic, plan.convention))
+    out.update(_areas_from_carry(state.carry, plan.convention))
     return out
   return jax.vmap(one)(state)
 
@@ -1356,8 +1359,7 @@ class StreamedEvaluationBootstrap:
     level = _check_level(level)
     if self._n == 0:
       raise ValueError("no samples were added")
-    harmonic = _harmonic_table(self._n, self._plan.convention, "poisson")
-    args = (*self._grid, self._t, self._order, harmonic, self._plan)
+    args = (*self._grid, self._t, self._order, self._plan)
     estimate = jax.tree.map(lambda x: x[0], _range_metrics_jit(
         jax.tree.map(lambda x: x[None], self._estimate), *args))
     low, high = _interval_jit(_range_metrics_jit(self._state, *args), jnp.float32(level))

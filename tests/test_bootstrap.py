@@ -405,6 +405,18 @@ def test_bootstrap_evaluation_poisson_matches_float64_references(convention, nor
   np.testing.assert_allclose(flat(r.high), high, atol=ATOL, rtol=0, equal_nan=True)
 
 
+def test_harmonic_difference_against_float64_sums():
+  from cwsa_jax._bootstrap import _harmonic_difference
+  worst = 0.0
+  for n in (0, 1, 7, 8, 9, 400, 123_457, 2_000_000, 33_000_000):
+    for r in {r for r in (0, 1, 3, 7, 8, 9, n // 2, n - 100, n - 1, n) if 0 <= r <= n}:
+      want = np.sum(1.0 / np.arange(r + 1, n + 1, dtype=np.float64))
+      got = float(_harmonic_difference(jnp.int32(r), jnp.int32(n)))
+      assert abs(got - want) <= 1e-6 * want + 1e-7, (n, r, got, want)
+      worst = max(worst, abs(got - want) / max(want, 1e-30))
+  assert worst > 0  # float32: not the float64 sums themselves
+
+
 def test_poisson_multiplicities_are_poisson_and_depend_on_the_row_only():
   from cwsa_jax._bootstrap import _poisson_multiplicities
   rows = np.arange(20_000)
