@@ -792,7 +792,14 @@ _SCAN_BLOCK = 1024
 _DIGIT_BITS = 6
 _SUM_BLOCK = 1024  # samples per block of the bucket sums' variadic reduction
 RESAMPLING = ("multinomial", "poisson")
-_MAX_EVALUATION_N = 1 << 25  # 63 n < 2^31: the digit sums stay exact int32
+# The most samples of an evaluation bootstrap. Multinomial: 63 n < 2^31 keeps a block's
+# digit sums exact int32 (a multiplicity may be as large as n). Poisson: multiplicities are at
+# most 12 and every block's sum is split into (hi, lo) before the prefix sums, whose lo parts
+# (below 4096 per block of 1024 samples) stay below 2^31 for n <= 2^29. A streamed bootstrap
+# sums each range apart, so only its resample sizes limit it: counted in int32 by the area
+# scan, they exceed 2n < 2^31 with probability below e^-(0.38 n).
+_MAX_EVALUATION_N = {"multinomial": 1 << 25, "poisson": 1 << 29}
+_MAX_STREAMED_N = 1 << 30
 
 
 class EvaluationMetrics(NamedTuple):
@@ -1193,8 +1200,9 @@ def bootstrap_evaluation(confidences, correct, thresholds, *, key, num_resamples
                                        resampling)
   c, k = _check_evaluation_data(confidences, correct, "bootstrap_evaluation")
   n = c.shape[0]
-  if n >= _MAX_EVALUATION_N:
-    raise ValueError(f"bootstrap_evaluation takes n < {_MAX_EVALUATION_N} samples, got {n}: "
+  if n >= _MAX_EVALUATION_N[resampling]:
+    raise ValueError(f"bootstrap_evaluation takes n < {_MAX_EVALUATION_N[resampling]} samples "
+                     f"with {resampling} resampling, got {n}: "
                      "use bootstrap_ci")
   t = _validation.as_thresholds(thresholds)
   key, num_resamples, _ = _check_common(key, num_resamples, 1, n)
@@ -1322,9 +1330,9 @@ class StreamedEvaluationBootstrap:
     if self._lowest is not None and c.max() >= self._lowest:
       raise ValueError(f"the ranges must come in decreasing confidence: a confidence "
                        f"{float(c.max())} is not below {self._lowest} of an earlier range")
-    if self._n + c.shape[0] >= _MAX_EVALUATION_N:
-      raise ValueError(f"StreamedEvaluationBootstrap takes fewer than {_MAX_EVALUATION_N} "
-                       "samples in all")
+    if self._n + c.shape[0] >= _MAX_STREAMED_N:
+      raise ValueError(f"StreamedEvaluationBootstrap takes fewer than {_MAX_STREAMED_N} samples "
+                       "in all")
     self._lowest = float(c.min())
     self._n += c.shape[0]
     padded = max(_MIN_RANGE_LENGTH, 1 << (c.shape[0] - 1).bit_length())

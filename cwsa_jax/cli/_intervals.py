@@ -164,14 +164,15 @@ def evaluation_intervals(confidences: Any, correct: Any, settings: Settings, *,
   ok = jnp.asarray(correct, jnp.bool_)
   scheme = resampling_scheme(settings, resampling)
   with _bootstrap.reporting(progress):
-    if _one_sort(settings):
+    if _one_sort(settings) and c.shape[0] < _bootstrap._MAX_EVALUATION_N[scheme]:
       # Every metric of each resample from one sort and one bucketing of the data.
       r = _bootstrap.bootstrap_evaluation(
           c, ok, settings.grid, key=jax.random.key(seed), num_resamples=num_resamples,
           level=level, num_bins=settings.num_bins, ece_norm=settings.ece_norm,
           aurc_convention=settings.aurc_convention, normalize=settings.normalize,
           resampling=scheme)
-    else:
+    else:  # other conventions, or more samples than the one-sort bootstrap sums exactly
+      scheme = "multinomial"
       r = cw.bootstrap_ci(metric_fn(settings), c, ok, key=jax.random.key(seed),
                           num_resamples=num_resamples, level=level)
   return Intervals(level, num_resamples, seed, _as_numpy(r.low), _as_numpy(r.high), scheme)
