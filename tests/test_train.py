@@ -152,6 +152,8 @@ def test_cwsa_loss_and_max_steps(tiny_mnist, tmp_path):
   assert np.isfinite(m["history"][0]["train_loss"])
   config = json.loads((out / "config.json").read_text())
   assert (config["cwsa_weight"], config["cwsa_tau"]) == (1.0, 0.6)
+  # Data parallel by default: on a CPU one device per core (here at most 32, the batch size).
+  assert m["devices"] == config["devices"] >= 1
   assert m["selected_threshold"]["metric"] == "selective_accuracy"
   assert (m["split"]["train"], m["split"]["validation"]) == (TRAIN - VALIDATION, VALIDATION)
 
@@ -196,6 +198,10 @@ def test_flags_set_the_config():
         (["--dataset", "mnist", "--out", "X", "--threshold-max-risk", "2"],
          "threshold max risk must lie in [0, 1]"),
         (["--dataset", "mnist", "--out", "X", "--threshold-metric", "f1"], "invalid choice: 'f1'"),
+        (["--dataset", "mnist", "--out", "X", "--devices", "3"],
+         "the batch size 128 does not split evenly over 3 devices"),
+        (["--dataset", "mnist", "--out", "X", "--devices", "0"],
+         "the device count must be an integer >= 1, got 0"),
     ],
 )
 def test_cli_errors_are_one_line(args, message, tmp_path, capsys):

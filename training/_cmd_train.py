@@ -19,7 +19,8 @@ from .configs import CONFIGS, CORRECTNESS, LOSSES, THRESHOLD_METRICS, TrainConfi
 def run(args: argparse.Namespace) -> int:
   # Flax and optax (the [train] extra) load when a run starts: registering the command needs neither.
   from . import data as data_lib
-  from .train import CHECKPOINT_META, reuse_host_memory, train_and_evaluate, validation_split
+  from .train import (CHECKPOINT_META, check_device_count, data_mesh, request_cpu_devices,
+                      reuse_host_memory, train_and_evaluate, validation_split)
 
   out = _output.check_folder_path(args.out)
   if out.exists() and any(out.iterdir()):
@@ -30,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
       raise UserError(f"--resume: {out} has no checkpoint ({CHECKPOINT_META})")
   config = config_from_args(args)
   try:
+    if args.devices is not None:
+      check_device_count(args.devices, config.batch_size)
     dataset = data_lib.load_dataset(args.dataset, data_dir=args.data_dir)
     validation_split(dataset.train_labels, fraction=config.val_fraction, seed=config.seed,
                      num_classes=dataset.num_classes)
@@ -38,12 +41,19 @@ def run(args: argparse.Namespace) -> int:
   print(f"data: {dataset.source} ({len(dataset.train_labels)} train, {len(dataset.test_labels)} test)")
   # Before JAX creates its CPU client: XLA's per-step temporaries then reuse freed memory.
   reuse_host_memory()
+  # Also before: one CPU device per core, so that the data-parallel step uses every core.
+  request_cpu_devices(args.devices, config.batch_size)
+  try:
+    devices = data_mesh(args.devices, config.batch_size).size
+  except ValueError as e:
+    raise UserError(str(e)) from None
   before = set(os.listdir(out)) if out.is_dir() else None
   # After a Ctrl-C, by the main thread or by the watchdog if the loop does not stop by itself.
   token = _interrupt.register(lambda: _interrupted(out, before, CHECKPOINT_META))
   try:
     metrics = train_and_evaluate(config, out, dataset, max_steps=args.max_steps,
-                                 resume=args.resume, progress=progress_enabled(args))
+                                 resume=args.resume, progress=progress_enabled(args),
+                                 devices=devices)
   except KeyboardInterrupt:
     _interrupted(out, before, CHECKPOINT_META)
     raise
@@ -153,6 +163,11 @@ def add_parser(sub) -> None:
   p.add_argument("--max-steps", type=int, default=None,
                  help="stop after this many steps (short runs; default: all epochs)")
   p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+  p.add_argument("--devices", type=int, default=None, metavar="N",
+                 help="train data parallel on N devices, each taking batch-size / N examples of "
+                 "every batch (same seed, same data order and initialisation; results equal up to "
+                 "float rounding). On a CPU, JAX gets N CPU devices, one per core. Default: all "
+                 "devices (on a CPU one per core), at most as many as divide the batch size")
   p.add_argument("--batch-size", type=int, default=None,
                  help=f"batch size (default {_defaults('batch_size')})")
   p.add_argument("--lr", type=float, default=None,

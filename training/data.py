@@ -605,7 +605,7 @@ def iterate_batches(
 
 
 def gather_batch(images: jax.Array, labels: jax.Array, order: jax.Array, batch: jax.Array, *,
-                 batch_size: int) -> tuple[jax.Array, jax.Array]:
+                 batch_size: int, sharding: Any = None) -> tuple[jax.Array, jax.Array]:
   """Batch ``batch`` of an epoch, gathered where the data lives (inside ``jit``).
 
   The same examples as the ``batch``-th item of :func:`iterate_batches`
@@ -621,6 +621,9 @@ def gather_batch(images: jax.Array, labels: jax.Array, order: jax.Array, batch: 
     batch: scalar int32 index of the batch in the epoch (may be traced), in
       ``[0, N // batch_size)``.
     batch_size: examples per batch (static).
+    sharding: optional sharding of the batch (a ``NamedSharding`` splitting
+      its leading axis over devices): the indices are laid out so, and each
+      device gathers its part of the batch from its copy of the data.
 
   Returns:
     ``(images[idx], labels[idx])`` of leading size ``batch_size``.
@@ -636,5 +639,7 @@ def gather_batch(images: jax.Array, labels: jax.Array, order: jax.Array, batch: 
   """
   idx = jax.lax.dynamic_slice_in_dim(jnp.asarray(order), jnp.asarray(batch) * batch_size,
                                      batch_size)
+  if sharding is not None:
+    idx = jax.lax.with_sharding_constraint(idx, sharding)
   return (jnp.take(jnp.asarray(images), idx, axis=0, mode="clip"),
           jnp.take(jnp.asarray(labels), idx, axis=0, mode="clip"))

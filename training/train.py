@@ -37,6 +37,16 @@ On a CPU, :func:`reuse_host_memory` (called by ``cwsa-jax train``) lets
 XLA reuse the memory of a step's temporaries instead of faulting it in again
 at every step.
 
+Data parallelism: the step runs on a one-axis mesh of local devices
+(:func:`data_mesh`). The model, optimizer and metric state and the training
+split are replicated on each device; each device gathers and processes its
+share of the batch, and XLA's SPMD partitioner sums the gradients, the loss
+and the batch-norm statistics over the devices, so a step is that of the
+whole batch, as on one device (up to the order of float sums). XLA:CPU runs
+one device's convolutions on about one core: ``cwsa-jax train`` asks for one
+CPU device per core (:func:`request_cpu_devices`), and on a 2-core CPU two
+devices take close to twice the steps per second of one.
+
 Determinism: the validation split is seeded by the run's seed, the data order
 of epoch e is a permutation seeded by (seed, e), augmentation keys are
 ``fold_in(key(seed), step)`` and the dropout stream is part of the
@@ -62,6 +72,8 @@ import numpy as np
 import optax
 from flax import nnx
 from flax import serialization
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import cwsa_jax as cw
 from cwsa_jax import losses as cwsa_losses
@@ -210,6 +222,101 @@ def _backends_are_initialized() -> bool:
     return False
 
 
+# --------------------------------------------------------------------------- devices
+
+
+def available_cores() -> int:
+  """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # not Linux
+    return os.cpu_count() or 1
+
+
+def default_device_count(available: int, batch_size: int) -> int:
+  """The most devices, at most ``available``, among which a batch of ``batch_size`` splits evenly.
+
+  Examples:
+    >>> default_device_count(2, 128), default_device_count(4, 6), default_device_count(2, 7)
+    (2, 3, 1)
+  """
+  return max(n for n in range(1, max(available, 1) + 1) if batch_size % n == 0)
+
+
+def check_device_count(devices: int, batch_size: int) -> None:
+  """Raises ``ValueError`` unless ``devices`` >= 1 splits the batch evenly."""
+  if not isinstance(devices, (int, np.integer)) or isinstance(devices, bool) or devices < 1:
+    raise ValueError(f"the device count must be an integer >= 1, got {devices!r}")
+  if batch_size % devices:
+    raise ValueError(f"the batch size {batch_size} does not split evenly over {devices} devices: "
+                     "choose a batch size divisible by the device count")
+
+
+def request_cpu_devices(devices: int | None, batch_size: int) -> int | None:
+  """Asks JAX for several CPU devices, so that a data-parallel step uses several cores.
+
+  XLA:CPU runs the convolutions of one device's step on about one core; the
+  batch split over CPU devices (:func:`data_mesh`) runs its parts at once,
+  one per core. The count is ``devices``, or by default the most CPU devices,
+  up to the cores of this process (:func:`available_cores`), that split the
+  batch evenly (:func:`default_device_count`). It applies to the CPU backend
+  only: an accelerator's devices are what they are.
+
+  Call it before JAX creates its backends (the first array or
+  ``jax.devices()``). Nothing changes when they exist, or when the CPU device
+  count is set already (``jax_num_cpu_devices``, ``JAX_NUM_CPU_DEVICES`` or
+  ``XLA_FLAGS=--xla_force_host_platform_device_count``).
+
+  Returns:
+    The CPU device count set, or None when it was left alone.
+  """
+  flags = os.environ.get("XLA_FLAGS", "")
+  configured = getattr(jax.config, "jax_num_cpu_devices", None)  # JAX < 0.4.34: the XLA flag only
+  if (_backends_are_initialized() or (configured is not None and configured >= 0)
+      or "xla_force_host_platform_device_count" in flags):
+    return None
+  count = int(devices if devices is not None else default_device_count(available_cores(), batch_size))
+  if configured is None:
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+  else:
+    jax.config.update("jax_num_cpu_devices", count)
+  return count
+
+
+def data_mesh(devices: int | None, batch_size: int) -> Mesh:
+  """A one-axis mesh ``("data",)`` over the first ``devices`` local devices.
+
+  A training step on it is data parallel: each device takes
+  ``batch_size / devices`` examples of the batch, and XLA's SPMD partitioner
+  sums the gradients, the loss and the batch-norm statistics over the
+  devices, so the step computes what it computes on one device (up to the
+  order of float sums). By default: the most local devices that split the
+  batch evenly.
+
+  Raises:
+    ValueError: ``devices`` < 1, more than the local devices, or a batch size
+      it does not divide.
+  """
+  available = jax.local_devices()
+  if devices is None:
+    devices = default_device_count(len(available), batch_size)
+  check_device_count(devices, batch_size)
+  if devices > len(available):
+    raise ValueError(f"{devices} devices asked for, but JAX has {len(available)} "
+                     f"({available[0].platform})")
+  return Mesh(np.array(available[:devices]), ("data",))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  """Every device of ``mesh`` holds the whole array (model, optimizer, dataset)."""
+  return NamedSharding(mesh, P())
+
+
+def batch_sharded(mesh: Mesh) -> NamedSharding:
+  """The leading (batch) axis split over the ``data`` axis of ``mesh``."""
+  return NamedSharding(mesh, P("data"))
+
+
 # --------------------------------------------------------------------------- steps
 
 
@@ -285,7 +392,8 @@ def make_train_metrics() -> nnx.MultiMetric:
   return nnx.MultiMetric(loss=nnx.metrics.Average("loss"), accuracy=nnx.metrics.Accuracy())
 
 
-def make_train_step(config: TrainConfig, graphdef: Any, total_steps: int = 1) -> Callable:
+def make_train_step(config: TrainConfig, graphdef: Any, total_steps: int = 1,
+                    mesh: Mesh | None = None) -> Callable:
   """``train_step(state, images, labels, order, batch) -> (state, loss)``: one optimizer step.
 
   ``graphdef, state = nnx.split((model, optimizer, metrics))``; the step
@@ -297,14 +405,22 @@ def make_train_step(config: TrainConfig, graphdef: Any, total_steps: int = 1) ->
   :func:`~cwsa_jax.training.data.gather_batch` inside the step. With ``s`` the
   optimizer's step count, the augmentation key is ``fold_in(key(seed), s)``
   and the CWSA temperature that of step ``s`` of ``total_steps``.
+
+  With a ``mesh`` (:func:`data_mesh`), the step is data parallel: its inputs
+  and outputs are replicated over the mesh's devices (:func:`replicated`), the
+  batch is split over them (:func:`batch_sharded`) and XLA partitions the
+  step; the arithmetic is that of the whole batch, as on one device.
   """
   base_key = jax.random.key(config.seed)
+  shardings = {} if mesh is None else {"in_shardings": replicated(mesh),
+                                       "out_shardings": replicated(mesh)}
+  split = None if mesh is None else batch_sharded(mesh)
 
-  @functools.partial(jax.jit, donate_argnums=0)
+  @functools.partial(jax.jit, donate_argnums=0, **shardings)
   def train_step(state, images, labels, order, batch):
     model, optimizer, metrics = nnx.merge(graphdef, state)
     batch_images, batch_labels = data_lib.gather_batch(images, labels, order, batch,
-                                                       batch_size=config.batch_size)
+                                                       batch_size=config.batch_size, sharding=split)
     step = optimizer.step[...]
     x = _preprocess(batch_images, config, jax.random.fold_in(base_key, step))
     temperature = cwsa_temperature(config, step, total_steps)
@@ -326,14 +442,33 @@ def make_predict(config: TrainConfig) -> Callable:
   return predict
 
 
-def predict_logits(model: nnx.Module, images: np.ndarray, config: TrainConfig) -> np.ndarray:
-  """Logits [N, K] (float32) in eval mode (batch-norm running stats, no dropout)."""
+def predict_logits(model: nnx.Module, images: np.ndarray, config: TrainConfig,
+                   mesh: Mesh | None = None) -> np.ndarray:
+  """Logits [N, K] (float32) in eval mode (batch-norm running stats, no dropout).
+
+  With a ``mesh``, the model is replicated over its devices and each batch of
+  ``eval_batch_size`` split over them (a last batch the device count does not
+  divide is padded with its first image, whose logits are dropped); each
+  example's logits do not depend on the others in eval mode.
+  """
   model.eval()
   predict = make_predict(config)
-  out = [np.asarray(predict(model, jnp.asarray(images[i:i + config.eval_batch_size])))
+  if mesh is not None:
+    nnx.update(model, jax.device_put(nnx.state(model), replicated(mesh)))
+  out = [np.asarray(predict(model, _eval_batch(images[i:i + config.eval_batch_size], mesh)))
          for i in range(0, len(images), config.eval_batch_size)]
   model.train()
-  return np.concatenate(out)
+  return np.concatenate(out)[:len(images)]
+
+
+def _eval_batch(images: np.ndarray, mesh: Mesh | None) -> jax.Array:
+  """A batch of images on the device, or split over the mesh (padded to a multiple of its size)."""
+  if mesh is None:
+    return jnp.asarray(images)
+  pad = -len(images) % mesh.size
+  if pad:
+    images = np.concatenate([images, np.repeat(images[:1], pad, axis=0)])
+  return jax.device_put(images, batch_sharded(mesh))
 
 
 def make_evaluation_metrics(thresholds) -> nnx.MultiMetric:
@@ -597,7 +732,7 @@ def evaluate_run(validation_logits: np.ndarray, validation_labels: np.ndarray,
 
 def train_and_evaluate(config: TrainConfig, workdir: str | os.PathLike, dataset: data_lib.Dataset, *,
                        max_steps: int | None = None, resume: bool = False,
-                       progress: bool = True) -> dict[str, Any]:
+                       progress: bool = True, devices: int | None = None) -> dict[str, Any]:
   """Trains, checkpoints every epoch, evaluates the validation and test splits; returns metrics.
 
   Writes into ``workdir``: ``checkpoint.msgpack`` / ``checkpoint.json`` (after
@@ -614,12 +749,20 @@ def train_and_evaluate(config: TrainConfig, workdir: str | os.PathLike, dataset:
     max_steps: stop after this many optimizer steps in total (a short run).
     resume: continue from the checkpoint in ``workdir``.
     progress: show a progress bar.
+    devices: train data parallel on this many local devices (:func:`data_mesh`;
+      default: the most that split the batch evenly). The same seed gives the
+      same data order, initialisation and augmentation on any count; the
+      results agree up to the order of float sums. On a CPU,
+      :func:`request_cpu_devices` (called by ``cwsa-jax train``) makes one
+      device per core.
 
   Raises:
     ValueError: an invalid ``config``, a validation split with fewer examples
-      than classes, or a training split smaller than one batch.
+      than classes, a training split smaller than one batch, or a device count
+      that is not available or does not divide the batch size.
   """
   config.validate()
+  mesh = data_mesh(devices, config.batch_size)
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   start_time = time.time()
@@ -645,15 +788,17 @@ def train_and_evaluate(config: TrainConfig, workdir: str | os.PathLike, dataset:
   total_steps = config.epochs * steps_per_epoch
   if max_steps is not None:
     total_steps = min(total_steps, max_steps)
-  (workdir / "config.json").write_text(json.dumps({**config.__dict__, "max_steps": max_steps}, indent=1))
+  (workdir / "config.json").write_text(json.dumps({**config.__dict__, "max_steps": max_steps,
+                                                   "devices": mesh.size}, indent=1))
 
   train_metrics = make_train_metrics()
   objects = (model, optimizer, train_metrics)
   graphdef, state = nnx.split(objects)
-  train_step = make_train_step(config, graphdef, config.epochs * steps_per_epoch)
-  # The training split lives on the device; a step gets only the index of its batch.
-  images = jax.device_put(dataset.train_images[train_index])
-  labels = jax.device_put(dataset.train_labels[train_index])
+  train_step = make_train_step(config, graphdef, config.epochs * steps_per_epoch, mesh)
+  # The training split lives on every device; a step gets only the index of its batch.
+  on_mesh = replicated(mesh)
+  images = jax.device_put(dataset.train_images[train_index], on_mesh)
+  labels = jax.device_put(dataset.train_labels[train_index], on_mesh)
   bar = Progress(total_steps, f"{config.dataset}/{config.loss} seed {config.seed}", progress)
   bar.update(step)
   shown = step
@@ -661,9 +806,9 @@ def train_and_evaluate(config: TrainConfig, workdir: str | os.PathLike, dataset:
   while epoch < config.epochs and step < total_steps:
     # The metrics stay on the device; reading them every step would stall dispatch.
     train_metrics.reset()
-    state = nnx.state(objects)
+    state = jax.device_put(nnx.state(objects), on_mesh)
     order = jax.device_put(data_lib.epoch_permutation(len(train_index), seed=config.seed,
-                                                      epoch=epoch).astype(np.int32))
+                                                      epoch=epoch).astype(np.int32), on_mesh)
     for batch in range(min(steps_per_epoch, total_steps - step)):
       state, _ = train_step(state, images, labels, order, np.int32(batch))
       step += 1
@@ -689,8 +834,8 @@ def train_and_evaluate(config: TrainConfig, workdir: str | os.PathLike, dataset:
 
   test_labels = np.asarray(dataset.test_labels)
   validation_labels = np.asarray(dataset.train_labels[validation_index])
-  test_logits = predict_logits(model, dataset.test_images, config)
-  validation_logits = predict_logits(model, dataset.train_images[validation_index], config)
+  test_logits = predict_logits(model, dataset.test_images, config, mesh)
+  validation_logits = predict_logits(model, dataset.train_images[validation_index], config, mesh)
   metrics, test_probs, temperature = evaluate_run(validation_logits, validation_labels,
                                                   test_logits, test_labels, config)
   tmp = workdir / ".predictions.tmp.npz"
@@ -701,7 +846,8 @@ def train_and_evaluate(config: TrainConfig, workdir: str | os.PathLike, dataset:
   metrics.update({
       "dataset": config.dataset, "loss": config.loss, "seed": config.seed, "epochs": epoch,
       "steps": step, "wall_seconds": elapsed_before + time.time() - start_time,
-      "data_source": dataset.source, "device": str(jax.devices()[0].device_kind),
+      "data_source": dataset.source, "device": str(mesh.devices.flat[0].device_kind),
+      "devices": mesh.size,
       "split": {"train": int(len(train_index)), "validation": int(len(validation_index)),
                 "val_fraction": config.val_fraction, "stratified": True},
       "history": history})
