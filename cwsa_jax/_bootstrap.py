@@ -880,6 +880,7 @@ def _buckets_and_digits(confidences: jax.Array, grid: jax.Array):
 
 def _digit_columns(m: jax.Array, correct: jax.Array, digits: jax.Array) -> list[jax.Array]:
   """The 10 int32 columns of the bucket sums: (wrong, correct) x (m, m d_0, ..., m d_3)."""
+  m = m.astype(jnp.int32)
   right = jnp.where(correct, m, 0)
   wrong = m - right
   out = [wrong, right]
@@ -993,16 +994,18 @@ def _area_scan(m, correct, group_end, carry: _AreaCarry, convention: str) -> _Ar
   """
   size = min(_SCAN_BLOCK, m.shape[0])
   pad = -m.shape[0] % size
-  errors = jnp.where(correct, 0, m)
-  xs = [jnp.pad(x, (0, pad)).reshape(-1, size) for x in (m, errors, group_end)]
+  # m as given (Poisson: int8) and the errors formed in the loop: the scan reads as few
+  # bytes per sample as it can (it runs out of the cache at a few million samples).
+  xs = [jnp.pad(x, (0, pad)).reshape(-1, size) for x in (m, correct, group_end)]
   step_rule = convention == "step"
   # XLA:CPU compiles the trapezoid's loop body badly when unrolled 8 times (tens of times slower).
   unroll = 8 if step_rule else 2
 
   def sample(carry, x):
     k, e, k_last, e_last, r_last, area, generalized = carry
-    mi, ei, end = x
-    k, e = k + mi, e + ei
+    mi, right, end = x
+    mi = mi.astype(jnp.int32)
+    k, e = k + mi, e + jnp.where(right, 0, mi)
     point = end & (k > k_last)
     width = (k - k_last).astype(jnp.float32)
     kf, ef = k.astype(jnp.float32), e.astype(jnp.float32)
@@ -1120,8 +1123,7 @@ def _evaluation_block_jit(data, thresholds, order, key, start, plan, num_chunks)
     # first (int8: at most 12): in the loop that uses them, XLA:CPU would fuse the random
     # bits into the area scan's sequential loop and compute them sample by sample.
     ms = lax.map(lambda b: _poisson_from_seed(_seed(key, b), data.source).astype(jnp.int8), b)
-    return lax.map(
-        lambda m: _evaluate(m.astype(jnp.int32), data, thresholds, order, plan), ms)
+    return lax.map(lambda m: _evaluate(m, data, thresholds, order, plan), ms)
 
   def one(b):
     idx = _indices_from_seed(_seed(key, b), n)
@@ -1250,8 +1252,7 @@ def _range_block_jit(data, length, state, key, start, plan, num_chunks):
   # int8 multiplicities first, as in _evaluation_block_jit.
   ms = lax.map(lambda b: jnp.where(real, _poisson_from_seed(_seed(key, b), data.source),
                                    0).astype(jnp.int8), b)
-  return lax.map(lambda args: _range_update(args[0].astype(jnp.int32), data, args[1], plan),
-                 (ms, state))
+  return lax.map(lambda args: _range_update(args[0], data, args[1], plan), (ms, state))
 
 
 @functools.partial(jax.jit, static_argnames=("plan",))
