@@ -72,7 +72,7 @@ BLOCK_ELEMENTS = 1 << 20
 # one call serve several resamples of a large test set (Poisson: its int8
 # multiplicities, one byte per resampled value, are held for the whole block).
 EVALUATION_BLOCK_ELEMENTS = 1 << 26
-POISSON_BLOCK_ELEMENTS = 1 << 23
+POISSON_BLOCK_ELEMENTS = 1 << 24
 # Blocks of resamples computed at once, on host threads: two cores' worth.
 BLOCKS_IN_FLIGHT = 2
 
@@ -1113,17 +1113,39 @@ def _evaluation_estimate_jit(data, thresholds, order, plan):
   return _evaluate(m, data, thresholds, order, plan)
 
 
+@functools.partial(jax.jit, static_argnames=("num_chunks",))
+def _poisson_block_jit(source, length, key, start, num_chunks):
+  """int8 [num_chunks, n] Poisson multiplicities of the rows ``source`` (0 from ``length``
+  on) in resamples start, start + 1, ...
+
+  A call of its own: computed in the same XLA program as the area scan, the random
+  bits are fused into the scan's sequential loop and computed sample by sample on
+  CPU (several times slower).
+  """
+  real = jnp.arange(source.shape[0]) < length
+  return jax.vmap(lambda b: jnp.where(real, _poisson_from_seed(_seed(key, b), source),
+                                      0).astype(jnp.int8))(
+      start + jnp.arange(num_chunks, dtype=jnp.uint32))
+
+
+@functools.partial(jax.jit, static_argnames=("plan",))
+def _evaluation_poisson_jit(data, thresholds, order, ms, plan):
+  return lax.map(lambda m: _evaluate(m, data, thresholds, order, plan), ms)
+
+
+def _evaluation_block(data, thresholds, order, key, start, plan, num_chunks):
+  """The metrics [num_chunks, ...] of resamples start, start + 1, ..."""
+  if plan.scheme == "poisson":
+    n = data.correct.shape[0]
+    ms = _poisson_block_jit(data.source, jnp.int32(n), key, start, num_chunks)
+    return _evaluation_poisson_jit(data, thresholds, order, ms, plan)
+  return _evaluation_block_jit(data, thresholds, order, key, start, plan, num_chunks)
+
+
 @functools.partial(jax.jit, static_argnames=("plan", "num_chunks"))
 def _evaluation_block_jit(data, thresholds, order, key, start, plan, num_chunks):
   n = data.correct.shape[0]
-
   b = start + jnp.arange(num_chunks, dtype=jnp.uint32)
-  if plan.scheme == "poisson":
-    # Each sorted sample's multiplicity from its input row, for all the block's resamples
-    # first (int8: at most 12): in the loop that uses them, XLA:CPU would fuse the random
-    # bits into the area scan's sequential loop and compute them sample by sample.
-    ms = lax.map(lambda b: _poisson_from_seed(_seed(key, b), data.source).astype(jnp.int8), b)
-    return lax.map(lambda m: _evaluate(m, data, thresholds, order, plan), ms)
 
   def one(b):
     idx = _indices_from_seed(_seed(key, b), n)
@@ -1216,7 +1238,7 @@ def bootstrap_evaluation(confidences, correct, thresholds, *, key, num_resamples
                resampling)
   estimate = EvaluationMetrics(**_evaluation_estimate_jit(data, t, order, plan))
   samples = _run_blocks(
-      lambda start, size, chunks: _evaluation_block_jit(data, t, order, key, start, plan,
+      lambda start, size, chunks: _evaluation_block(data, t, order, key, start, plan,
                                                         chunks),
       num_resamples, 1, n, block_elements=(POISSON_BLOCK_ELEMENTS if resampling == "poisson"
                                            else EVALUATION_BLOCK_ELEMENTS))
@@ -1243,16 +1265,17 @@ def _range_update(m, data, state, plan):
   return _RangeState(hi, lo, carry)
 
 
-@functools.partial(jax.jit, static_argnames=("plan", "num_chunks"))
-def _range_block_jit(data, length, state, key, start, plan, num_chunks):
-  first = start.astype(jnp.int32)
-  state = jax.tree.map(lambda x: lax.dynamic_slice_in_dim(x, first, num_chunks), state)
-  real = jnp.arange(data.correct.shape[0]) < length
-  b = start + jnp.arange(num_chunks, dtype=jnp.uint32)
-  # int8 multiplicities first, as in _evaluation_block_jit.
-  ms = lax.map(lambda b: jnp.where(real, _poisson_from_seed(_seed(key, b), data.source),
-                                   0).astype(jnp.int8), b)
+@functools.partial(jax.jit, static_argnames=("plan",))
+def _range_update_jit(data, state, start, ms, plan):
+  state = jax.tree.map(lambda x: lax.dynamic_slice_in_dim(x, start.astype(jnp.int32),
+                                                          ms.shape[0]), state)
   return lax.map(lambda args: _range_update(args[0], data, args[1], plan), (ms, state))
+
+
+def _range_block(data, length, state, key, start, plan, num_chunks):
+  """The states of resamples start, start + 1, ... after the range ``data``."""
+  ms = _poisson_block_jit(data.source, length, key, start, num_chunks)
+  return _range_update_jit(data, state, start, ms, plan)
 
 
 @functools.partial(jax.jit, static_argnames=("plan",))
@@ -1348,7 +1371,7 @@ class StreamedEvaluationBootstrap:
     state = jax.tree.map(lambda x: jnp.pad(x, [(0, total - x.shape[0])] + [(0, 0)] * (x.ndim - 1)),
                          self._state)
     self._state = _run_blocks(
-        lambda start, size, chunks: _range_block_jit(data, length, state, self._key, start,
+        lambda start, size, chunks: _range_block(data, length, state, self._key, start,
                                                      self._plan, chunks),
         self._num_resamples, 1, padded, block_elements=POISSON_BLOCK_ELEMENTS)
 
