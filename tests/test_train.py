@@ -69,19 +69,28 @@ sys.exit(main(["train", *sys.argv[2:]]))
 """
 
 
+_SUBPROCESS_ENV: dict[str, str] = {}
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _shared_compilation_cache(tmp_path_factory):
   """The `cwsa-jax train` subprocesses share compiled executables (JAX's persistent cache):
-  the same programs, so the same results, compiled once instead of once per run."""
-  with pytest.MonkeyPatch.context() as mp:
-    mp.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path_factory.mktemp("jax-cache")))
-    mp.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    mp.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-    yield
+  the same programs, so the same results, compiled once instead of once per run.
+
+  Only the subprocesses get the cache (through their environment): set in this
+  process's environment, it would also turn the cache on for the pytest worker
+  when no test had compiled anything in it yet, for every later test of the worker.
+  """
+  _SUBPROCESS_ENV.update(JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax-cache")),
+                         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  yield
+  _SUBPROCESS_ENV.clear()
 
 
 def _train(args, env_extra=None, check=True, kill_at_step=None):
-  env = {**os.environ, "CWSA_JAX_CACHE": str(env_extra or ""), "PYTHONHASHSEED": "0"}
+  env = {**os.environ, **_SUBPROCESS_ENV, "CWSA_JAX_CACHE": str(env_extra or ""),
+         "PYTHONHASHSEED": "0"}
   command = [sys.executable, "-m", "cwsa_jax.cli", "train"]
   if kill_at_step is not None:
     command = [sys.executable, "-c", _KILLED_AT_STEP, str(kill_at_step)]
