@@ -175,12 +175,6 @@ def _poisson_from_seed(seed: jax.Array, index: jax.Array) -> jax.Array:
   return m
 
 
-@functools.partial(jax.jit, static_argnames=("num_resamples",))
-def _poisson_multiplicities_jit(key, index, num_resamples: int) -> jax.Array:
-  b = jnp.arange(num_resamples, dtype=jnp.uint32)
-  return jax.vmap(lambda i: _poisson_from_seed(_seed(key, i), index))(b)
-
-
 def _poisson_multiplicities(key: Any, rows: Any, num_resamples: int) -> jax.Array:
   """The Poisson-bootstrap multiplicities [num_resamples, n] int32 of the rows ``rows`` [n].
 
@@ -201,8 +195,8 @@ def _poisson_multiplicities(key: Any, rows: Any, num_resamples: int) -> jax.Arra
   if rows.ndim != 1 or not np.issubdtype(rows.dtype, np.integer) or (
       rows.size and (rows.min() < 0 or rows.max() >= 1 << 32)):
     raise ValueError("rows must be a 1-D array of row numbers in [0, 2^32)")
-  return _poisson_multiplicities_jit(_check_key(key), jnp.asarray(rows.astype(np.uint32)),
-                                     int(num_resamples))
+  return _poisson_block_jit(jnp.asarray(rows.astype(np.uint32)), jnp.int32(rows.size),
+                            _check_key(key), jnp.uint32(0), int(num_resamples)).astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("n", "num_resamples"))
@@ -977,12 +971,6 @@ def _area_carry_zero(shape=()) -> _AreaCarry:
   return _AreaCarry(i0, i0, i0, i0, f0, f0, f0)
 
 
-def _areas(m, data: _Evaluation, convention: str):
-  """AURC, AUGRC and E-AURC of multiplicities ``m`` [n] (sorted order): one sequential pass."""
-  return _areas_from_carry(_area_scan(m, data.correct, data.group_end, _area_carry_zero(),
-                                      convention), convention)
-
-
 def _area_scan(m, correct, group_end, carry: _AreaCarry, convention: str) -> _AreaCarry:
   """The area scan over multiplicities ``m`` [n] (sorted order), from ``carry``.
 
@@ -1100,11 +1088,17 @@ def _prepare_evaluation(confidences: np.ndarray, correct: np.ndarray,
   return data, grid.shape[0] + 1
 
 
-def _evaluate(m, data, thresholds, order, plan):
-  out = _sweep_and_calibration(_weighted_bucket_sums(m, data, plan.num_buckets), data.retained,
-                               data.bins, thresholds, order, plan)
-  out.update(_areas(m, data, plan.convention))
+def _metrics(bucket_sums, carry: _AreaCarry, retained, bins, thresholds, order, plan):
+  """Every metric of a resample from its exact bucket sums and its area scan's final carry."""
+  out = _sweep_and_calibration(bucket_sums, retained, bins, thresholds, order, plan)
+  out.update(_areas_from_carry(carry, plan.convention))
   return out
+
+
+def _evaluate(m, data, thresholds, order, plan):
+  carry = _area_scan(m, data.correct, data.group_end, _area_carry_zero(), plan.convention)
+  return _metrics(_weighted_bucket_sums(m, data, plan.num_buckets), carry, data.retained,
+                  data.bins, thresholds, order, plan)
 
 
 @functools.partial(jax.jit, static_argnames=("plan",))
@@ -1286,11 +1280,8 @@ def _range_estimate_jit(data, length, state, plan):
 
 @functools.partial(jax.jit, static_argnames=("plan",))
 def _range_metrics_jit(state, retained, bins, thresholds, order, plan):
-  def one(state):
-    out = _sweep_and_calibration((state.hi, state.lo), retained, bins, thresholds, order, plan)
-    out.update(_areas_from_carry(state.carry, plan.convention))
-    return out
-  return jax.vmap(one)(state)
+  return jax.vmap(lambda state: _metrics((state.hi, state.lo), state.carry, retained, bins,
+                                          thresholds, order, plan))(state)
 
 
 class StreamedEvaluationBootstrap:
