@@ -40,7 +40,9 @@ case "$cmd" in
       export CWSA_JAX_DATA_DIR="$(cd ../shared/data && pwd)"
     fi
     # loadgroup: tests marked xdist_group("name") share one worker (and its module fixtures).
-    exec "$venv/bin/python" -m pytest -n 2 --dist loadgroup "$@"
+    # A crashed worker ends the run (failed) instead of being replaced: a replacement under
+    # loadgroup was seen to wait forever for work.
+    exec "$venv/bin/python" -m pytest -n 2 --dist loadgroup --max-worker-restart 0 "$@"
     ;;
   docs)
     setup
