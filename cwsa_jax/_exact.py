@@ -18,7 +18,8 @@ which is exact for ``1 - c`` with three digits (for a float32 ``c`` the value
 The digits (base 256, or base 4096 for ``1 - c`` in the binary layout) are
 summed as int32 in chunks of at most 2^18 samples (so a chunk sum stays below
 2^30; a chunk's buffers stay in the cache) and carried between chunks as a
-(high, low) pair of int32 with base 2^12. Every sum is therefore an exact integer until the last
+(high, low) pair of int32 with base 2^12 (on CPU a loop over the chunks; on
+accelerators every chunk at once, each into a table of its own). Every sum is therefore an exact integer until the last
 step, where it is converted to float32 once (relative error <= 2^-23).
 
 The column layouts (which digits of which quantity, in which segment) live
@@ -33,6 +34,7 @@ full relative precision).
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 import jax
@@ -177,7 +179,21 @@ def segment_sums(
   if num_chunks == 1:
     ids, cols = columns_fn(*arrays, *offset)
     return split(_column_sums(cols, ids, num_segments))
+  options = dict(num_segments=num_segments, num_chunks=num_chunks, size=size,
+                 with_offset=with_offset, segments_per_entry=segments_per_entry)
+  return _by_platform(
+      *arrays, cpu=functools.partial(_chunk_loop, columns_fn, **options),
+      default=functools.partial(_chunks_at_once, columns_fn, **options))
 
+
+# Picks the form when the computation is lowered (tests call the accelerator form on the CPU).
+_by_platform = jax.lax.platform_dependent
+
+
+def _chunk_loop(columns_fn, *arrays, num_segments, num_chunks, size, with_offset,
+                segments_per_entry):
+  """:func:`segment_sums` on CPU: a loop over the chunks, each summed while in the cache."""
+  n = arrays[0].shape[0]
   local = jnp.arange(size, dtype=jnp.int32)
   chunk_segments = num_segments if segments_per_entry is None else size * segments_per_entry
 
@@ -202,9 +218,44 @@ def segment_sums(
   k = jax.eval_shape(
       lambda *a: columns_fn(*a)[1],
       *[jax.ShapeDtypeStruct((size,) + a.shape[1:], a.dtype) for a in arrays],
-      *[jax.ShapeDtypeStruct((), jnp.int32) for _ in offset]).shape[0]
+      *[jax.ShapeDtypeStruct((), jnp.int32) for _ in range(with_offset)]).shape[0]
   zeros = jnp.zeros((num_segments, k), dtype=jnp.int32)
   return jax.lax.fori_loop(0, num_chunks, body, (zeros, zeros))
+
+
+def _chunks_at_once(columns_fn, *arrays, num_segments, num_chunks, size, with_offset,
+                    segments_per_entry):
+  """:func:`segment_sums` on accelerators: every chunk at once, no loop.
+
+  The samples are padded to ``num_chunks * size`` and viewed as [chunks,
+  size]; one scatter-add per column sums each chunk into a table of its own
+  (chunk c's segment s at ``c (S + 1) + s``, so the adds spread over all the
+  chunks' tables), whose int32 entries stay below 2^30. Their ``(hi, lo)``
+  parts are then summed over the chunks: ``hi`` adds up to at most the total
+  over 4096 and ``lo`` to at most 4096 per chunk, both exact in int32. The
+  result equals :func:`_chunk_loop`'s.
+  """
+  n = arrays[0].shape[0]
+  padded = num_chunks * size
+  starts = jnp.arange(num_chunks, dtype=jnp.int32) * size
+  view = lambda a: jnp.pad(a, [(0, padded - n)] + [(0, 0)] * (a.ndim - 1)).reshape(  # noqa: E731
+      (num_chunks, size) + a.shape[1:])
+  chunks = [view(a) for a in arrays]
+  ids, cols = jax.vmap(columns_fn)(*chunks, *((starts,) if with_offset else ()))
+  # ids [chunks, size, ...], cols [chunks, K, size, ...]
+  valid = (starts[:, None] + jnp.arange(size, dtype=jnp.int32) < n).reshape(
+      (num_chunks, size) + (1,) * (ids.ndim - 2))
+  per_chunk = num_segments if segments_per_entry is None else size * segments_per_entry
+  inside = valid & (ids >= 0) & (ids < per_chunk)
+  flat = jnp.where(inside, ids, per_chunk) + (jnp.arange(num_chunks, dtype=jnp.int32) * (
+      per_chunk + 1)).reshape((num_chunks,) + (1,) * (ids.ndim - 1))
+  cols = jnp.moveaxis(cols, 1, 0)  # [K, chunks, size, ...]
+  table = _column_sums(cols, flat, num_chunks * (per_chunk + 1))
+  table = table.reshape(num_chunks, per_chunk + 1, -1)[:, :per_chunk]  # [chunks, S, K]
+  hi, lo = split(table)
+  if segments_per_entry is not None:  # chunk c owns segments [c S, (c + 1) S)
+    return hi.reshape(-1, hi.shape[-1])[:num_segments], lo.reshape(-1, lo.shape[-1])[:num_segments]
+  return _normalize(jnp.sum(hi, axis=0), jnp.sum(lo, axis=0))
 
 
 def add(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:

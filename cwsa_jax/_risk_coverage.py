@@ -251,18 +251,34 @@ def _scan_sequential(keys: jax.Array, losses: jax.Array, carry: _Carry):
 
 
 def _scan_parallel(keys: jax.Array, losses: jax.Array, carry: _Carry):
-  """One chunk as parallel prefix scans (sums and running maxima)."""
-  k = carry.k + lax.iota(jnp.int32, keys.shape[0])
-  scan = lambda op, x: lax.associative_scan(op, x)
+  """One chunk as parallel prefix sums, and each slot's group start by one scatter and a gather.
+
+  Integer running sums are ``lax.cumsum`` (one library scan on GPUs); float
+  losses use a tree-shaped scan (``associative_scan``, rounding error
+  O(log n)). The group starts are written to a table indexed by the group
+  number (each start its own entry) and read back at every slot, instead of
+  running-maximum scans.
+  """
+  size = keys.shape[0]
+  k = carry.k + lax.iota(jnp.int32, size)
   shifted = lambda first, x: jnp.concatenate([first[None], x[:-1]])
   prev_key = shifted(carry.key, keys)
   new = keys != prev_key
-  cum_incl = carry.cum + scan(jnp.add, losses)
+  if losses.dtype == jnp.int32:
+    running = lax.cumsum(losses)
+  else:
+    running = lax.associative_scan(jnp.add, losses)
+  cum_incl = carry.cum + running
   cum = shifted(carry.cum, cum_incl)
-  start_incl = jnp.maximum(carry.start, scan(jnp.maximum, jnp.where(new, k, 0)))
-  # cum is nondecreasing, so the latest group start holds the largest value.
-  before_incl = jnp.maximum(carry.before, scan(jnp.maximum, jnp.where(new, cum, 0)))
-  groups_incl = carry.groups + scan(jnp.add, new.astype(jnp.int32))
+  local = lax.cumsum(new.astype(jnp.int32))  # group starts in this chunk at slots <= k
+  groups_incl = carry.groups + local
+  # Entry j: slot and E before slot of the chunk's (j + 1)-th group start.
+  at = jnp.where(new, local - 1, size + lax.iota(jnp.int32, size))  # distinct; the rest dropped
+  starts = jnp.zeros((size,), jnp.int32).at[at].set(k, mode="drop", unique_indices=True)
+  befores = jnp.zeros((size,), cum.dtype).at[at].set(cum, mode="drop", unique_indices=True)
+  latest = jnp.maximum(local - 1, 0)
+  start_incl = jnp.where(local > 0, starts[latest], carry.start)
+  before_incl = jnp.where(local > 0, befores[latest], carry.before)
   out = (new, prev_key, cum, shifted(carry.start, start_incl), shifted(carry.before, before_incl),
          shifted(carry.groups, groups_incl))
   return _Carry(cum_incl[-1], carry.compensation, start_incl[-1], before_incl[-1], keys[-1],

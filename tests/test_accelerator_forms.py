@@ -1,0 +1,91 @@
+"""The accelerator forms of the chunked exact sums, run on the CPU: equal to the CPU forms, bit for bit.
+
+``cwsa_jax._exact.segment_sums`` sums more than one chunk of samples with a loop
+over the chunks on CPU and with every chunk at once elsewhere
+(``_exact._by_platform``). Here the accelerator form is forced on the CPU and
+every kernel built on it must give the same integers, so the same floats.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import cwsa_jax as cj
+from cwsa_jax import _exact
+
+pytestmark = pytest.mark.xdist_group("accelerator_forms")
+
+# More than two chunks of 2^18, with a ragged last one.
+N = 2 * _exact.CHUNK_SIZE + 12_345
+RNG = np.random.default_rng(11)
+C = np.round(RNG.random(N), 3).astype(np.float32)  # ties
+OK = RNG.random(N) < C
+KAPPA = RNG.random(N).astype(np.float32)
+GROUPS = RNG.integers(0, 5, N).astype(np.int32)
+MASK = RNG.random(N) < 0.8
+T = np.array([0.0, 0.1, 0.25, 0.25, 0.5, 0.9, 0.999], np.float32)
+T_DENSE = np.linspace(0.0, 0.99, 300).astype(np.float32)
+
+
+def _kernels():
+  rows_c = np.stack([C[:300_000], C[-300_000:]])
+  rows_ok = np.stack([OK[:300_000], OK[-300_000:]])
+  return {
+      "sweep": lambda: cj.sweep(C, OK, T),
+      "sweep_dense_grid": lambda: cj.sweep(C, OK, T_DENSE),
+      "sweep_graded_all": lambda: cj.sweep(C, KAPPA, T, normalize="all"),
+      "sweep_by_group": lambda: cj.sweep_by_group(C, OK, GROUPS, T, num_groups=5),
+      "sweep_vmapped_rows": lambda: jax.vmap(lambda c, k: cj.sweep(c, k, T))(rows_c, rows_ok),
+      # rows of at most one chunk: chunks of whole rows, each summed into its rows' own table
+      "sweep_vmapped_small_rows": lambda: jax.vmap(lambda c, k: cj.sweep(c, k, T))(
+          C[:400_000].reshape(8, -1), OK[:400_000].reshape(8, -1)),
+      "ece_width": lambda: cj.ece(C, OK),
+      "ece_mass_graded": lambda: cj.ece(C, KAPPA, binning="mass"),
+      "calibration_bins": lambda: cj.calibration_bins(C, OK, num_bins=20),
+  }
+
+
+@pytest.fixture(scope="module")
+def cpu_results():
+  return {name: jax.tree.map(np.asarray, fn()) for name, fn in _kernels().items()}
+
+
+@pytest.mark.parametrize("name", list(_kernels()))
+def test_accelerator_form_equals_cpu_form(name, cpu_results, monkeypatch):
+  monkeypatch.setattr(_exact, "_by_platform", lambda *args, cpu, default: default(*args))
+  jax.clear_caches()  # retrace: the jitted kernels were compiled with the CPU form
+  try:
+    got = jax.tree.map(np.asarray, _kernels()[name]())
+  finally:
+    jax.clear_caches()
+  want = cpu_results[name]
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_segment_sums_forms_agree_on_raw_columns():
+  """Ids outside [0, S) are left out; the offset is the chunk's first sample in the input."""
+  n, s = 3 * 1000 + 17, 7
+  rng = np.random.default_rng(3)
+  ids = rng.integers(-2, s + 2, n).astype(np.int32)
+  values = rng.integers(0, 4094, (n, 3)).astype(np.int32)
+
+  def columns(i, v, offset):
+    position = offset + jnp.arange(i.shape[0], dtype=jnp.int32)
+    return i, jnp.moveaxis(v, -1, 0) + (position % 3)[None]
+
+  num_chunks, size = _exact.chunking(n, 1000)
+  options = dict(num_segments=s, num_chunks=num_chunks, size=size, with_offset=True,
+                 segments_per_entry=None)
+  loop = jax.jit(lambda *a: _exact._chunk_loop(columns, *a, **options))(ids, values)
+  at_once = jax.jit(lambda *a: _exact._chunks_at_once(columns, *a, **options))(ids, values)
+  want = np.zeros((s, 3), np.int64)
+  inside = (ids >= 0) & (ids < s)
+  np.add.at(want, ids[inside], (values + (np.arange(n) % 3)[:, None])[inside])
+  for hi, lo in (loop, at_once):
+    assert np.all((0 <= np.asarray(lo)) & (np.asarray(lo) < 4096))
+    np.testing.assert_array_equal(np.asarray(hi, np.int64) * 4096 + np.asarray(lo), want)
