@@ -33,6 +33,7 @@ Invalid values, for every public function:
 
 from __future__ import annotations
 
+import functools
 import operator
 
 from typing import Any, NamedTuple
@@ -61,6 +62,45 @@ class DTypeError(TypeError, ValueError):
 def is_concrete(*arrays: Any) -> bool:
   """True when none of ``arrays`` is a JAX tracer (value checks can run)."""
   return not any(isinstance(a, jax.core.Tracer) for a in arrays)
+
+
+class _Values(NamedTuple):
+  """What the eager value checks read of an array."""
+  nonfinite: int  # NaN and infinite entries
+  low: Any  # min and max (None when empty or when some entry is not finite)
+  high: Any
+  not_binary: int | None  # entries other than 0 and 1 (when asked for)
+
+
+@functools.partial(jax.jit, static_argnames="binary")
+def _device_values(x: jax.Array, binary: bool):
+  finite = jnp.isfinite(x) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.ones(x.shape, bool)
+  out = (jnp.sum(~finite), jnp.min(x), jnp.max(x))
+  return out + ((jnp.sum((x != 0) & (x != 1)),) if binary else ())
+
+
+def _on_accelerator(x: Any) -> bool:
+  return isinstance(x, jax.Array) and any(d.platform != "cpu" for d in x.devices())
+
+
+def _values(x: Any, *, binary: bool = False) -> _Values:
+  """:class:`_Values` of a concrete numeric array, computed where it lives.
+
+  An array on an accelerator is reduced there (a few scalars come back, not
+  the array); others are read as NumPy arrays (no copy for CPU arrays).
+  """
+  if _on_accelerator(x):
+    if x.size == 0:
+      return _Values(0, None, None, 0)
+    nonfinite, low, high, *not_binary = jax.device_get(_device_values(x, binary))
+    nonfinite = int(nonfinite)
+    return _Values(nonfinite, None if nonfinite else low, None if nonfinite else high,
+                   int(not_binary[0]) if binary else None)
+  v = np.asarray(x)
+  nonfinite = int(v.size - np.count_nonzero(np.isfinite(v))) if v.dtype.kind == "f" else 0
+  low, high = (v.min(), v.max()) if v.size and not nonfinite else (None, None)
+  not_binary = int(np.count_nonzero((v != 0) & (v != 1))) if binary else None
+  return _Values(nonfinite, low, high, not_binary)
 
 
 # --------------------------------------------------------------------------- flags
@@ -207,12 +247,11 @@ def check_finite_in_unit_interval(x: jax.Array, name: str, *, reduce_axes: int =
     bad = bad_unit(x) if unit else ~jnp.isfinite(x)
     what = "finite and in [0, 1]" if unit else "finite"
     return _traced_flag(bad, min(reduce_axes, x.ndim), f"{name} must be {what}")
-  v = np.asarray(x)
-  if not np.all(np.isfinite(v)):
-    bad = int(np.sum(~np.isfinite(v)))
-    raise ValueError(f"{name} contains {bad} NaN or infinite value(s)")
-  if unit and v.size:
-    lo, hi = float(v.min()), float(v.max())
+  v = _values(x)
+  if v.nonfinite:
+    raise ValueError(f"{name} contains {v.nonfinite} NaN or infinite value(s)")
+  if unit and v.low is not None:
+    lo, hi = float(v.low), float(v.high)
     if lo < 0.0 or hi > 1.0:
       raise ValueError(f"{name} must lie in [0, 1], got values in [{lo:.6g}, {hi:.6g}]")
   return None
@@ -235,19 +274,19 @@ def check_correct(k: jax.Array, name: str = "correct", *, graded: bool = True,
       bad = (k != 0) & (k != 1)
     what = "0 or 1" if integer or not graded else "a number in [0, 1]"
     return _traced_flag(bad, min(reduce_axes, k.ndim), f"{name} must be {what}")
-  v = np.asarray(k)
+  v = _values(k)
   if integer:
-    if v.size and (v.min() < 0 or v.max() > 1):
+    if v.low is not None and (v.low < 0 or v.high > 1):
       raise ValueError(
-          f"{name} must be boolean or 0/1, got integer values in [{v.min()}, {v.max()}]")
+          f"{name} must be boolean or 0/1, got integer values in [{v.low}, {v.high}]")
     return None
-  if not np.all(np.isfinite(v)):
+  if v.nonfinite:
     raise ValueError(f"{name} contains NaN or infinite values")
-  if v.size and (v.min() < 0.0 or v.max() > 1.0):
+  if v.low is not None and (v.low < 0.0 or v.high > 1.0):
     raise ValueError(
         f"{name} must lie in [0, 1] (graded correctness kappa), got values in "
-        f"[{v.min():.6g}, {v.max():.6g}]")
-  if not graded and not np.all((v == 0.0) | (v == 1.0)):
+        f"[{v.low:.6g}, {v.high:.6g}]")
+  if not graded and _values(k, binary=True).not_binary:
     raise ValueError(f"{name} must be boolean or 0/1 here (graded values are not accepted)")
   return None
 
@@ -305,9 +344,9 @@ def check_labels(y: jax.Array, num_classes: int, name: str = "labels") -> jax.Ar
   """Raises unless concrete integer ``y`` lies in [0, num_classes); else the elementwise flag."""
   if not is_concrete(y):
     return _traced_flag(bad_label(y, num_classes), 0, f"{name} must lie in [0, {num_classes})")
-  v = np.asarray(y)
-  if v.size and (v.min() < 0 or v.max() >= num_classes):
-    raise ValueError(f"{name} must lie in [0, {num_classes}), got values in [{v.min()}, {v.max()}]")
+  v = _values(y)
+  if v.low is not None and (v.low < 0 or v.high >= num_classes):
+    raise ValueError(f"{name} must lie in [0, {num_classes}), got values in [{v.low}, {v.high}]")
   return None
 
 

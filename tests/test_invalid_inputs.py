@@ -322,6 +322,26 @@ def test_eager_raises_value_error_naming_the_problem(name, cls):
     ALL[name][0](_inputs(cls))
 
 
+_SUMMARIZED = [(name, cls) for name, cls in CASES if cls in SAMPLES + GROUPS + LABELS]
+
+
+@pytest.mark.parametrize("name, cls", _SUMMARIZED)
+def test_accelerator_arrays_are_checked_where_they_live(name, cls, monkeypatch):
+  """Arrays on an accelerator are checked by a reduction there (forced here on the CPU arrays):
+  the same error, and the same result for valid inputs."""
+  from cwsa_jax import _validation
+  valid = np.asarray(ALL[name][0](_valid_like(cls)))
+  reduced = []
+  device_values = _validation._device_values
+  monkeypatch.setattr(_validation, "_on_accelerator", lambda x: True)
+  monkeypatch.setattr(_validation, "_device_values",
+                      lambda *a, **k: reduced.append(1) or device_values(*a, **k))
+  with pytest.raises(ValueError, match=CLASSES[cls].match):
+    ALL[name][0](_inputs(cls))
+  assert reduced
+  np.testing.assert_array_equal(np.asarray(ALL[name][0](_valid_like(cls))), valid)
+
+
 @pytest.mark.parametrize("name, cls", CASES)
 def test_under_jit_gives_nan(name, cls):
   inputs = _inputs(cls)
