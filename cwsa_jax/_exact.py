@@ -19,8 +19,9 @@ The digits (base 256, or base 4096 for ``1 - c`` in the binary layout) are
 summed as int32 in chunks of at most 2^18 samples (so a chunk sum stays below
 2^30; a chunk's buffers stay in the cache) and carried between chunks as a
 (high, low) pair of int32 with base 2^12 (on CPU a loop over the chunks; on
-accelerators every chunk at once, each into a table of its own). Every sum is therefore an exact integer until the last
-step, where it is converted to float32 once (relative error <= 2^-23).
+accelerators every chunk at once, each into a table of its own). Every sum is
+therefore an exact integer until the last step, where it is converted to
+float32 once (relative error <= 2^-23).
 
 The column layouts (which digits of which quantity, in which segment) live
 in ``_stats``; this module has the digit extraction (:func:`digits`,
