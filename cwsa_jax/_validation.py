@@ -274,7 +274,7 @@ def check_correct(k: jax.Array, name: str = "correct", *, graded: bool = True,
       bad = (k != 0) & (k != 1)
     what = "0 or 1" if integer or not graded else "a number in [0, 1]"
     return _traced_flag(bad, min(reduce_axes, k.ndim), f"{name} must be {what}")
-  v = _values(k)
+  v = _values(k, binary=not graded and not integer)
   if integer:
     if v.low is not None and (v.low < 0 or v.high > 1):
       raise ValueError(
@@ -286,7 +286,7 @@ def check_correct(k: jax.Array, name: str = "correct", *, graded: bool = True,
     raise ValueError(
         f"{name} must lie in [0, 1] (graded correctness kappa), got values in "
         f"[{v.low:.6g}, {v.high:.6g}]")
-  if not graded and _values(k, binary=True).not_binary:
+  if not graded and v.not_binary:
     raise ValueError(f"{name} must be boolean or 0/1 here (graded values are not accepted)")
   return None
 

@@ -25,7 +25,6 @@ C = np.round(RNG.random(N), 3).astype(np.float32)  # ties
 OK = RNG.random(N) < C
 KAPPA = RNG.random(N).astype(np.float32)
 GROUPS = RNG.integers(0, 5, N).astype(np.int32)
-MASK = RNG.random(N) < 0.8
 T = np.array([0.0, 0.1, 0.25, 0.25, 0.5, 0.9, 0.999], np.float32)
 T_DENSE = np.linspace(0.0, 0.99, 300).astype(np.float32)
 

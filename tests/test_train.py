@@ -77,9 +77,8 @@ def _shared_compilation_cache(tmp_path_factory):
   """The `cwsa-jax train` subprocesses share compiled executables (JAX's persistent cache):
   the same programs, so the same results, compiled once instead of once per run.
 
-  Only the subprocesses get the cache (through their environment): set in this
-  process's environment, it would also turn the cache on for the pytest worker
-  when no test had compiled anything in it yet, for every later test of the worker.
+  Only the subprocesses get the cache, through their environment; the pytest
+  worker's own environment is left as it was.
   """
   _SUBPROCESS_ENV.update(JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax-cache")),
                          JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
