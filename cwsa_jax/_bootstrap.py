@@ -668,13 +668,18 @@ def _unpack(packed: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def _sweep_per_sample(confidences, correct, thresholds):
-  """What each resample gathers: every sample's threshold bucket, found once, and its
-  confidence and correctness (binary: packed in one int32); and the invalid-input flag."""
+  """What each resample gathers, found once, and the invalid-input flag. Binary samples
+  with at most ``_sweep.PACKED_MAX_BUCKETS`` buckets: one word each, their segment and
+  1 - c (:func:`~cwsa_jax._sweep.pack_samples`); more buckets: the bucket and (c, correct)
+  packed in one int32; graded: the bucket, c and kappa."""
   invalid = _stats.invalid_inputs(confidences, correct)
-  buckets = _sweep.bucket_ids(confidences, _sweep.sorted_thresholds(thresholds)[1])
-  if correct.dtype == jnp.bool_:
-    return (buckets, _pack(confidences, correct)), invalid
-  return (buckets, confidences, correct), invalid
+  sorted_t = _sweep.sorted_thresholds(thresholds)[1]
+  buckets = _sweep.bucket_ids(confidences, sorted_t)
+  if correct.dtype != jnp.bool_:
+    return (buckets, confidences, correct), invalid
+  if sorted_t.shape[0] + 1 <= _sweep.PACKED_MAX_BUCKETS:
+    return (_sweep.pack_samples(confidences, correct, buckets),), invalid
+  return (buckets, _pack(confidences, correct)), invalid
 
 
 def _sweep_metrics(thresholds, invalid, normalize: str) -> Callable:
@@ -682,9 +687,13 @@ def _sweep_metrics(thresholds, invalid, normalize: str) -> Callable:
   pipeline from the known buckets, without the value checks (done once for all data)."""
   order, sorted_t = _sweep.sorted_thresholds(thresholds)
 
-  def metrics(buckets, *arrays):
-    c, k = _unpack(arrays[0]) if len(arrays) == 1 else arrays
-    hi, lo = _sweep.bucket_sums(c, k, sorted_t, buckets=buckets)
+  def metrics(*arrays):
+    if len(arrays) == 1:
+      hi, lo = _sweep.packed_bucket_sums(arrays[0], sorted_t.shape[0] + 1)
+    else:
+      buckets, *arrays = arrays
+      c, k = _unpack(arrays[0]) if len(arrays) == 1 else arrays
+      hi, lo = _sweep.bucket_sums(c, k, sorted_t, buckets=buckets)
     result = _sweep.result_from_bucket_sums(hi, lo, thresholds, order, invalid)
     return _stats.renormalize(result, normalize)  # per resample, before the quantiles
 

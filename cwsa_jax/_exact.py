@@ -84,7 +84,11 @@ def grid_columns(u: jax.Array) -> list[jax.Array]:
   ``u = (hi 4096 + lo) 2^-24`` exactly, with ``hi`` in [0, 4096] and ``lo`` in
   [0, 4095]: the cheapest exact columns of ``1 - c`` for float32 ``c``.
   """
-  units = (u.astype(jnp.float32) * 16777216.0).astype(jnp.int32)
+  return unit_columns((u.astype(jnp.float32) * 16777216.0).astype(jnp.int32))
+
+
+def unit_columns(units: jax.Array) -> list[jax.Array]:
+  """:func:`grid_columns` of ``u = units 2^-24``, ``units`` int32 in [0, 2^24]."""
   return [units >> _CARRY_BITS, units & _CARRY_MASK]
 
 

@@ -295,6 +295,73 @@ def bucket_sums(confidences: jax.Array, correct: jax.Array, sorted_thresh: jax.A
   return kernel(confidences, correct, sorted_thresh, *extra)
 
 
+# pack_samples: segment ids (2 bucket + correct) in the top 7 bits, 1 - c in 2^-24 units in 25.
+PACKED_MAX_BUCKETS = 64
+_UNIT_BITS = 25
+
+
+def pack_samples(confidences: jax.Array, correct: jax.Array, buckets: jax.Array) -> jax.Array:
+  """Binary samples as one int32 word each, for sums that gather them many times (a bootstrap).
+
+  The word holds the sample's segment ``2 bucket + correct`` (``buckets`` from
+  :func:`bucket_ids`, at most :data:`PACKED_MAX_BUCKETS` of them) in its top 7
+  bits and ``u = (1 - c) 2^24``, an integer in [0, 2^24] for float32 ``c``, in
+  the low 25: what :func:`packed_bucket_sums` sums, the ids and columns of
+  ``_stats.segment_columns`` without a float operation per gathered sample.
+  """
+  c = jnp.clip(confidences.astype(jnp.float32), 0.0, 1.0)
+  units = ((1.0 - c) * 16777216.0).astype(jnp.int32)
+  return ((2 * buckets + correct.astype(jnp.int32)) << _UNIT_BITS) | units
+
+
+def _packed_sums_impl(words: jax.Array, *, num_buckets: int) -> tuple[jax.Array, jax.Array]:
+  lead, n = words.shape[:-1], words.shape[-1]
+  rows, per_row = math.prod(lead), 2 * num_buckets
+  by_rows = rows > 1 and n <= _exact.CHUNK_SIZE  # as in _bucket_sums_impl
+
+  def columns(w, *offset):
+    ids = jax.lax.shift_right_logical(w, _UNIT_BITS)
+    units = w & ((1 << _UNIT_BITS) - 1)
+    if by_rows:
+      ids = ids + jnp.arange(w.shape[0], dtype=jnp.int32)[:, None] * per_row
+    elif offset:
+      ids = ids + ((offset[0] + jnp.arange(w.shape[0], dtype=jnp.int32)) // n) * per_row
+    return ids, jnp.stack([jnp.ones_like(units)] + _exact.unit_columns(units), axis=0)
+
+  if by_rows:
+    hi, lo = _exact.segment_sums(columns, (words.reshape(rows, n),), rows * per_row,
+                                 chunk_size=_exact.CHUNK_SIZE // n, segments_per_entry=per_row)
+  else:
+    hi, lo = _exact.segment_sums(columns, (words.reshape(-1),), rows * per_row,
+                                 with_offset=rows > 1)
+  shape = lead + (num_buckets, -1)
+  return hi.reshape(shape), lo.reshape(shape)
+
+
+@functools.lru_cache(maxsize=None)
+def _packed_kernel(num_buckets: int):
+  """:func:`_packed_sums_impl` whose ``vmap`` flattens the batch into more segments."""
+  kernel = custom_vmap(functools.partial(_packed_sums_impl, num_buckets=num_buckets))
+
+  @kernel.def_vmap
+  def _rule(axis_size, in_batched, words):
+    del axis_size, in_batched  # words are batched
+    return kernel(words), (True, True)
+
+  return kernel
+
+
+def packed_bucket_sums(words: jax.Array, num_buckets: int) -> tuple[jax.Array, jax.Array]:
+  """:func:`bucket_sums` of binary samples [..., n] packed by :func:`pack_samples`.
+
+  The same exact ``(hi, lo)`` [..., T + 1, 6], bit for bit, as
+  ``bucket_sums(c, correct, sorted_thresh, buckets=buckets)``.
+  """
+  if num_buckets > PACKED_MAX_BUCKETS:
+    raise ValueError(f"packed samples hold at most {PACKED_MAX_BUCKETS} buckets, got {num_buckets}")
+  return _packed_kernel(num_buckets)(words)
+
+
 def bucket_ids(confidences: jax.Array, sorted_thresh: jax.Array) -> jax.Array:
   """Each sample's bucket in [0, T] (the segments of the sums' derivatives)."""
   buckets = _Buckets(sorted_thresh)

@@ -15,6 +15,7 @@ import pytest
 
 import cwsa_jax as cj
 from cwsa_jax import _exact
+from cwsa_jax import _sweep
 
 pytestmark = pytest.mark.xdist_group("accelerator_forms")
 
@@ -44,7 +45,13 @@ def _kernels():
       "ece_width": lambda: cj.ece(C, OK),
       "ece_mass_graded": lambda: cj.ece(C, KAPPA, binning="mass"),
       "calibration_bins": lambda: cj.calibration_bins(C, OK, num_bins=20),
+      "bootstrap_packed_sums": lambda: _sweep.packed_bucket_sums(_words(), T.size + 1),
   }
+
+
+def _words():
+  sorted_t = _sweep.sorted_thresholds(jnp.asarray(T))[1]
+  return _sweep.pack_samples(jnp.asarray(C), jnp.asarray(OK), _sweep.bucket_ids(C, sorted_t))
 
 
 @pytest.fixture(scope="module")

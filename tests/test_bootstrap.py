@@ -338,6 +338,30 @@ def test_bootstrap_sweep_equals_generic_bootstrap_of_sweep(graded):
                                  err_msg=f"{part}.{f}")
 
 
+@pytest.mark.parametrize("shape", [(N,), (3, N), (2, 2**18 + 100)])
+def test_packed_bucket_sums_equal_bucket_sums_bit_for_bit(shape):
+  # bootstrap_sweep's packed words (segment and 1 - c in one int32): the same exact sums as
+  # the sweep's own, for one row, rows of one chunk (one table each) and rows longer than a
+  # chunk (flattened); c at 0, 1, tiny values and on the thresholds; 63 thresholds, the most.
+  from cwsa_jax import _sweep
+  rng = np.random.default_rng(sum(shape))
+  grid = np.sort(rng.uniform(0, 1, 63)).astype(np.float32)
+  c = rng.uniform(0, 1, shape).astype(np.float32)
+  c.flat[:6] = [0.0, 1.0, 1e-30, 3e-8, grid[0], grid[-1]]
+  ok = rng.uniform(size=shape) < c
+  sorted_t = _sweep.sorted_thresholds(jnp.asarray(grid))[1]
+  buckets = _sweep.bucket_ids(jnp.asarray(c), sorted_t)
+  words = _sweep.pack_samples(jnp.asarray(c), jnp.asarray(ok), buckets)
+  want = _sweep.bucket_sums(jnp.asarray(c), jnp.asarray(ok), sorted_t, buckets=buckets)
+  got = _sweep.packed_bucket_sums(words, grid.size + 1)
+  vmapped = jax.vmap(lambda w: _sweep.packed_bucket_sums(w, grid.size + 1))(words[None])
+  for g, w in [(got, want), (jax.tree.map(lambda x: x[0], vmapped), want)]:
+    np.testing.assert_array_equal(np.asarray(g[0]), np.asarray(w[0]))
+    np.testing.assert_array_equal(np.asarray(g[1]), np.asarray(w[1]))
+  with pytest.raises(ValueError, match="at most 64 buckets"):
+    _sweep.packed_bucket_sums(words, 65)
+
+
 def test_bootstrap_sweep_normalize_all_is_applied_per_resample():
   c, ok = data(seed=3)
   fast = bootstrap_sweep(c, ok, GRID, key=KEY, num_resamples=B, normalize="all")
