@@ -17,7 +17,6 @@ import cwsa_jax as cj
 from cwsa_jax import _exact
 from cwsa_jax import _sweep
 
-pytestmark = pytest.mark.xdist_group("accelerator_forms")
 
 # More than two chunks of 2^18, with a ragged last one.
 N = 2 * _exact.CHUNK_SIZE + 12_345
@@ -54,20 +53,15 @@ def _words():
   return _sweep.pack_samples(jnp.asarray(C), jnp.asarray(OK), _sweep.bucket_ids(C, sorted_t))
 
 
-@pytest.fixture(scope="module")
-def cpu_results():
-  return {name: jax.tree.map(np.asarray, fn()) for name, fn in _kernels().items()}
-
-
 @pytest.mark.parametrize("name", list(_kernels()))
-def test_accelerator_form_equals_cpu_form(name, cpu_results, monkeypatch):
+def test_accelerator_form_equals_cpu_form(name, monkeypatch):
+  want = jax.tree.map(np.asarray, _kernels()[name]())
   monkeypatch.setattr(_exact, "_by_platform", lambda *args, cpu, default: default(*args))
   jax.clear_caches()  # retrace: the jitted kernels were compiled with the CPU form
   try:
     got = jax.tree.map(np.asarray, _kernels()[name]())
   finally:
     jax.clear_caches()
-  want = cpu_results[name]
   assert jax.tree.structure(got) == jax.tree.structure(want)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_array_equal(a, b)
