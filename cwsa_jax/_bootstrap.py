@@ -730,12 +730,15 @@ def bootstrap_sweep(confidences, correct, thresholds, *, key, num_resamples: int
 
   The same resamples and the same interval as
   ``bootstrap_ci(lambda c, k: sweep(c, k, thresholds), ...)`` for the same
-  ``key``, but the inputs are checked once, not once per resample, and a
-  resample gathers one packed int32 per draw (boolean correctness rides in
-  the sign bit of the confidence) before the sweep's own bucket-and-sum
-  pipeline (``_sweep.bucket_sums``). The per-resample sums are the same exact
-  integers, so the resampled values agree with the generic path to float32
-  rounding of the final divisions.
+  ``key``, but the inputs are checked and bucketed once, not once per
+  resample. With boolean correctness and at most 63 thresholds a resample
+  gathers one int32 word per draw, the sample's segment (its bucket and
+  correctness) and ``1 - c`` in units of 2^-24 (``_sweep.pack_samples``), and
+  sums the words' fields (``_sweep.packed_bucket_sums``); otherwise it
+  gathers the bucket and the confidence (boolean correctness in its sign bit;
+  graded: c and kappa) into the sweep's own sums (``_sweep.bucket_sums``).
+  The per-resample sums are the same exact integers, so the resampled values
+  agree with the generic path to float32 rounding of the final divisions.
 
   Args:
     confidences, correct, key, num_resamples, level, chunk_size: as in

@@ -44,13 +44,16 @@ def _kernels():
       "ece_width": lambda: cj.ece(C, OK),
       "ece_mass_graded": lambda: cj.ece(C, KAPPA, binning="mass"),
       "calibration_bins": lambda: cj.calibration_bins(C, OK, num_bins=20),
-      "bootstrap_packed_sums": lambda: _sweep.packed_bucket_sums(_words(), T.size + 1),
+      "bootstrap_packed_sums": lambda: _packed_sums(C, OK, T),
   }
 
 
-def _words():
-  sorted_t = _sweep.sorted_thresholds(jnp.asarray(T))[1]
-  return _sweep.pack_samples(jnp.asarray(C), jnp.asarray(OK), _sweep.bucket_ids(C, sorted_t))
+@jax.jit
+def _packed_sums(c, ok, thresholds):
+  """bootstrap_sweep's sums of packed words (_sweep.pack_samples)."""
+  sorted_t = _sweep.sorted_thresholds(thresholds)[1]
+  words = _sweep.pack_samples(c, ok, _sweep.bucket_ids(c, sorted_t))
+  return _sweep.packed_bucket_sums(words, thresholds.shape[0] + 1)
 
 
 @pytest.mark.parametrize("name", list(_kernels()))

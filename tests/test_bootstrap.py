@@ -338,6 +338,18 @@ def test_bootstrap_sweep_equals_generic_bootstrap_of_sweep(graded):
                                  err_msg=f"{part}.{f}")
 
 
+@jax.jit
+def _bucket_sums_three_ways(c, ok, grid):
+  """The sweep's bucket sums, and those of the packed words, alone and vmapped."""
+  from cwsa_jax import _sweep
+  sorted_t = _sweep.sorted_thresholds(grid)[1]
+  buckets = _sweep.bucket_ids(c, sorted_t)
+  words = _sweep.pack_samples(c, ok, buckets)
+  packed = lambda w: _sweep.packed_bucket_sums(w, grid.shape[0] + 1)  # noqa: E731
+  vmapped = jax.tree.map(lambda x: x[0], jax.vmap(packed)(words[None]))
+  return _sweep.bucket_sums(c, ok, sorted_t, buckets=buckets), packed(words), vmapped
+
+
 @pytest.mark.parametrize("shape", [(N,), (3, N), (2, 2**18 + 100)])
 def test_packed_bucket_sums_equal_bucket_sums_bit_for_bit(shape):
   # bootstrap_sweep's packed words (segment and 1 - c in one int32): the same exact sums as
@@ -349,17 +361,12 @@ def test_packed_bucket_sums_equal_bucket_sums_bit_for_bit(shape):
   c = rng.uniform(0, 1, shape).astype(np.float32)
   c.flat[:6] = [0.0, 1.0, 1e-30, 3e-8, grid[0], grid[-1]]
   ok = rng.uniform(size=shape) < c
-  sorted_t = _sweep.sorted_thresholds(jnp.asarray(grid))[1]
-  buckets = _sweep.bucket_ids(jnp.asarray(c), sorted_t)
-  words = _sweep.pack_samples(jnp.asarray(c), jnp.asarray(ok), buckets)
-  want = _sweep.bucket_sums(jnp.asarray(c), jnp.asarray(ok), sorted_t, buckets=buckets)
-  got = _sweep.packed_bucket_sums(words, grid.size + 1)
-  vmapped = jax.vmap(lambda w: _sweep.packed_bucket_sums(w, grid.size + 1))(words[None])
-  for g, w in [(got, want), (jax.tree.map(lambda x: x[0], vmapped), want)]:
-    np.testing.assert_array_equal(np.asarray(g[0]), np.asarray(w[0]))
-    np.testing.assert_array_equal(np.asarray(g[1]), np.asarray(w[1]))
+  want, *got = _bucket_sums_three_ways(c, ok, grid)
+  for hi_lo in got:
+    np.testing.assert_array_equal(np.asarray(hi_lo[0]), np.asarray(want[0]))
+    np.testing.assert_array_equal(np.asarray(hi_lo[1]), np.asarray(want[1]))
   with pytest.raises(ValueError, match="at most 64 buckets"):
-    _sweep.packed_bucket_sums(words, 65)
+    _sweep.packed_bucket_sums(jnp.zeros(3, jnp.int32), 65)
 
 
 def test_bootstrap_sweep_normalize_all_is_applied_per_resample():

@@ -27,7 +27,7 @@ def _check(c, ok, thresholds, normalize="retained"):
   return got
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     # A few sizes only: every new shape is a new compilation.
     n=st.sampled_from([1, 2, 5, 64, 400]),
