@@ -1,0 +1,126 @@
+"""Where a ``cwsa-jax train`` step spends its time on this machine: CPU per example and per XLA op.
+
+Usage: python benchmarks/profile_train_step.py [--dataset mnist] [--devices N] [--steps 100]
+       [--profile-steps 30] [--top 25] [--out FILE.json]
+
+Builds the training step of ``cwsa-jax train`` (the dataset's default configuration, local data
+from ``CWSA_JAX_DATA_DIR``), data parallel over ``--devices`` CPU devices (default: one per core,
+as the command), and prints JSON with
+
+- ``steps_per_s`` and the process's user and system CPU seconds per step and per example over
+  ``--steps`` steps after compilation (the cores the step keeps busy: ``cpu_per_wall``);
+- a profile of ``--profile-steps`` steps (``jax.profiler``, Perfetto trace): each XLA op's time
+  per step summed over the devices, the ``top`` ops, and the time the devices spend waiting for
+  each other at collectives (``Rendezvous``).
+
+A step that keeps every core busy (``cpu_per_wall`` near the core count) and spends the same CPU
+per example on one device and on several is bound by its arithmetic: a faster step needs cheaper
+ops (the ``top`` list), not more parallelism.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from cwsa_jax.training import data as data_lib
+from cwsa_jax.training import train
+from cwsa_jax.training.configs import get_config
+
+# Trace events that are not XLA ops (host-side wrappers, whole executions, waits).
+_WRAPPERS = ("ThunkExecutor", "PjitFunction", "PjRt", "Execute", "Wait", "Rendezvous", "$")
+
+
+def op_times(trace: dict, steps: int) -> tuple[dict, float]:
+  """Milliseconds per step of each named complete event, and of the collective waits."""
+  total = collections.Counter()
+  for event in trace["traceEvents"]:
+    if event.get("ph") == "X":
+      total[event["name"]] += event["dur"] / 1000.0 / steps
+  waits = total.get("Rendezvous", 0.0)
+  ops = {k: v for k, v in total.items() if not any(w in k for w in _WRAPPERS)}
+  return ops, waits
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--dataset", default="mnist", choices=("mnist", "cifar10"))
+  p.add_argument("--devices", type=int, default=None)
+  p.add_argument("--steps", type=int, default=100)
+  p.add_argument("--profile-steps", type=int, default=30)
+  p.add_argument("--top", type=int, default=25)
+  p.add_argument("--out")
+  args = p.parse_args()
+  config = get_config(args.dataset)
+  train.reuse_host_memory()
+  devices = train.request_cpu_devices(args.devices, config.batch_size)
+  import jax  # noqa: PLC0415 (after the CPU device count is set)
+  import numpy as np  # noqa: PLC0415
+  from flax import nnx  # noqa: PLC0415
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  from _common import environment, load_average, write_json_atomic  # noqa: PLC0415
+
+  dataset = data_lib.load_dataset(args.dataset)
+  mesh = train.data_mesh(devices, config.batch_size)
+  n = len(dataset.train_labels) // config.batch_size * config.batch_size
+  steps_per_epoch = n // config.batch_size
+  model = train.create_model(config, dataset.num_classes)
+  optimizer = train.create_optimizer(config, model, steps_per_epoch)
+  graphdef, state = nnx.split((model, optimizer, train.make_train_metrics()))
+  step = train.make_train_step(config, graphdef, config.epochs * steps_per_epoch, mesh)
+  on_mesh = train.replicated(mesh)
+  images = jax.device_put(dataset.train_images[:n], on_mesh)
+  labels = jax.device_put(dataset.train_labels[:n], on_mesh)
+  order = jax.device_put(data_lib.epoch_permutation(n, seed=0, epoch=0).astype(np.int32), on_mesh)
+  state = jax.device_put(state, on_mesh)
+
+  def run(first: int, count: int):
+    nonlocal state
+    loss = None
+    for b in range(first, first + count):
+      state, loss = step(state, images, labels, order, np.int32(b % steps_per_epoch))
+    jax.block_until_ready(loss)
+
+  run(0, 5)  # compilation
+  load = load_average()
+  wall, cpu = time.perf_counter(), os.times()
+  run(5, args.steps)
+  wall, after = time.perf_counter() - wall, os.times()
+  user, system = after.user - cpu.user, after.system - cpu.system
+  with tempfile.TemporaryDirectory() as folder:
+    jax.profiler.start_trace(folder, create_perfetto_trace=True)
+    run(5 + args.steps, args.profile_steps)
+    jax.profiler.stop_trace()
+    (path,) = Path(folder).rglob("*.trace.json.gz")
+    ops, waits = op_times(json.load(gzip.open(path)), args.profile_steps)
+  top = sorted(ops.items(), key=lambda kv: -kv[1])[:args.top]
+  payload = {
+      "benchmark": "profile_train_step", **environment(), "dataset": args.dataset,
+      "devices": mesh.size, "batch_size": config.batch_size, "steps": args.steps,
+      "load_average_before": load,
+      "steps_per_s": round(args.steps / wall, 3),
+      "cpu_per_wall": round((user + system) / wall, 3),
+      "user_ms_per_step": round(1e3 * user / args.steps, 3),
+      "system_ms_per_step": round(1e3 * system / args.steps, 3),
+      "cpu_ms_per_example": round(1e3 * (user + system) / args.steps / config.batch_size, 4),
+      "profile_steps": args.profile_steps,
+      "op_ms_per_step_all_devices": round(sum(ops.values()), 3),
+      "collective_wait_ms_per_step_all_devices": round(waits, 3),
+      "top_ops_ms_per_step_all_devices": {k: round(v, 3) for k, v in top},
+      "load_average_after": load_average(),
+  }
+  text = json.dumps(payload, indent=1)
+  print(text)
+  if args.out:
+    write_json_atomic(args.out, payload)
+
+
+if __name__ == "__main__":
+  main()
