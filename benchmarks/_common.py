@@ -94,3 +94,10 @@ def write_json_atomic(path: str, payload: dict) -> None:
     json.dump(payload, f, indent=1)
     f.write("\n")
   os.replace(tmp, path)
+
+
+def emit(payload: dict, out: str | None) -> None:
+  """Prints the benchmark's JSON, and writes it to ``out`` (atomically) when given."""
+  print(json.dumps(payload, indent=1))
+  if out:
+    write_json_atomic(out, payload)

@@ -18,7 +18,6 @@ the medians to the old code's, are printed as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import environment, load_average, write_json_atomic  # noqa: E402
+from _common import emit, environment, load_average  # noqa: E402
 
 _MARK = "STEPS/S"
 
@@ -112,10 +111,7 @@ def main() -> None:
   payload = {"benchmark": "train_steps", **environment(), "dataset": args.dataset,
              "steps": args.steps, "rounds": args.rounds, "old_tree": args.old_tree,
              "rows": rows, "summary": summary, "load_average_after": load_average()}
-  text = json.dumps(payload, indent=1)
-  print(text)
-  if args.out:
-    write_json_atomic(args.out, payload)
+  emit(payload, args.out)
 
 
 if __name__ == "__main__":

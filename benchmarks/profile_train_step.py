@@ -65,7 +65,7 @@ def main() -> None:
   import numpy as np  # noqa: PLC0415
   from flax import nnx  # noqa: PLC0415
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-  from _common import environment, load_average, write_json_atomic  # noqa: PLC0415
+  from _common import emit, environment, load_average  # noqa: PLC0415
 
   dataset = data_lib.load_dataset(args.dataset)
   mesh = train.data_mesh(devices, config.batch_size)
@@ -116,10 +116,7 @@ def main() -> None:
       "top_ops_ms_per_step_all_devices": {k: round(v, 3) for k, v in top},
       "load_average_after": load_average(),
   }
-  text = json.dumps(payload, indent=1)
-  print(text)
-  if args.out:
-    write_json_atomic(args.out, payload)
+  emit(payload, args.out)
 
 
 if __name__ == "__main__":
