@@ -39,10 +39,19 @@ case "$cmd" in
     if [ -z "${CWSA_JAX_DATA_DIR:-}" ] && [ -d ../shared/data ]; then
       export CWSA_JAX_DATA_DIR="$(cd ../shared/data && pwd)"
     fi
+    # One persistent JAX compilation cache for the run, shared by both workers and the commands
+    # the tests start (about 13% less time on a measured subset); removed at the end. A cache
+    # directory set by the caller is used as it is and kept.
+    if [ -z "${JAX_COMPILATION_CACHE_DIR:-}" ]; then
+      JAX_COMPILATION_CACHE_DIR="$(mktemp -d "${TMPDIR:-/tmp}/cwsa-jax-test-cache.XXXXXX")"
+      export JAX_COMPILATION_CACHE_DIR
+      trap 'rm -rf "$JAX_COMPILATION_CACHE_DIR"' EXIT
+    fi
+    export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="${JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS:-0}"
     # loadgroup: tests marked xdist_group("name") share one worker (and its module fixtures).
     # A crashed worker ends the run (failed) instead of being replaced: a replacement under
     # loadgroup was seen to wait forever for work.
-    exec "$venv/bin/python" -m pytest -n 2 --dist loadgroup --max-worker-restart 0 "$@"
+    "$venv/bin/python" -m pytest -n 2 --dist loadgroup --max-worker-restart 0 "$@"
     ;;
   docs)
     setup
