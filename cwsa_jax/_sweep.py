@@ -197,6 +197,36 @@ class _Buckets:
 # ------------------------------------------------------------------ the pipeline
 
 
+def _by_rows(rows: int, n: int) -> bool:
+  """The layout of several rows of n samples (leading axes, vmap): chunks of whole rows
+  when a row fits in a chunk (each chunk summed into a table of its own rows), else the
+  flattened samples, each sample's row found by a division."""
+  return rows > 1 and n <= _exact.CHUNK_SIZE
+
+
+def _chunk_rows(size: int, rows: int, n: int, offset: jax.Array | None) -> jax.Array | None:
+  """The row of each of a chunk's ``size`` entries (None for one row): relative to the
+  chunk's first row for chunks of rows ([size, 1]), else from the flattened position of
+  the chunk's first sample ``offset`` ([size])."""
+  if _by_rows(rows, n):
+    return jnp.arange(size, dtype=jnp.int32)[:, None]
+  if rows > 1:
+    return (offset + jnp.arange(size, dtype=jnp.int32)) // n
+  return None
+
+
+def _row_segment_sums(columns_fn, arrays, num_segments: int, rows: int, n: int):
+  """:func:`_exact.segment_sums` of ``arrays`` laid out as [rows, n] or flattened (see
+  :func:`_by_rows`); ``columns_fn`` gets the chunk's first flattened position last when
+  flattened rows need it (:func:`_chunk_rows`)."""
+  if _by_rows(rows, n):
+    return _exact.segment_sums(columns_fn, [a.reshape(rows, n) for a in arrays], num_segments,
+                               chunk_size=_exact.CHUNK_SIZE // n,
+                               segments_per_entry=num_segments // rows)
+  return _exact.segment_sums(columns_fn, [a.reshape(-1) for a in arrays], num_segments,
+                             with_offset=rows > 1)
+
+
 def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, masked, given):
   """Exact per-bucket sums of samples [..., n]: one pass, leading axes as more segments."""
   extra = list(extra)
@@ -211,15 +241,11 @@ def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, m
   num_buckets = buckets.num_buckets
   per_row = (num_groups or 1) * num_buckets
   num_segments = _stats.segments_per_bucket(correct.dtype != jnp.bool_) * rows * per_row
-
-  # Several rows: chunks of whole rows when a row fits in a chunk (each chunk
-  # summed into a table of its own rows), else the flattened samples, each
-  # sample's row found by a division.
-  by_rows = rows > 1 and n <= _exact.CHUNK_SIZE
+  flattened = rows > 1 and not _by_rows(rows, n)
 
   def columns(c, kappa, *rest, one_per_cell):
     rest = list(rest)
-    offset = rest.pop() if rows > 1 and not by_rows else None
+    offset = rest.pop() if flattened else None
     segment = rest.pop() if given else buckets(c, one_per_cell=one_per_cell)
     drop = None
     if groups is not None:
@@ -229,11 +255,9 @@ def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, m
     if mask is not None:
       keep = rest.pop(0)
       drop = ~keep if drop is None else drop | ~keep
-    if by_rows:  # chunks [k, n] of rows; ids relative to the chunk's first row
-      segment = segment + jnp.arange(c.shape[0], dtype=jnp.int32)[:, None] * per_row
-    elif offset is not None:  # chunks of the flattened [rows * n]
-      position = offset + jnp.arange(c.shape[0], dtype=jnp.int32)
-      segment = segment + (position // n) * per_row
+    row = _chunk_rows(c.shape[0], rows, n, offset)
+    if row is not None:
+      segment = segment + row * per_row
     ids, cols = _stats.segment_columns(c, kappa, segment)
     if drop is not None:
       ids = jnp.where(drop, num_segments, ids)
@@ -241,14 +265,10 @@ def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, m
 
   def sums(*arrays, one_per_cell):
     fn = functools.partial(columns, one_per_cell=one_per_cell)
-    if by_rows:
-      return _exact.segment_sums(fn, arrays, num_segments, chunk_size=_exact.CHUNK_SIZE // n,
-                                 segments_per_entry=num_segments // rows)
-    return _exact.segment_sums(fn, arrays, num_segments, with_offset=rows > 1)
+    return _row_segment_sums(fn, arrays, num_segments, rows, n)
 
-  shape = (rows, n) if by_rows else (-1,)
   arrays = (confidences, correct, *extra) + ((known,) if given else ())
-  hi, lo = buckets.switch(sums, *(x.reshape(shape) for x in arrays))
+  hi, lo = buckets.switch(sums, *arrays)
   # [rows * G * buckets * per_bucket, K] -> [..., (G,) buckets, per_bucket * K]
   shape = lead + ((num_groups,) if num_groups else ()) + (num_buckets, -1)
   return hi.reshape(shape), lo.reshape(shape)
@@ -317,23 +337,16 @@ def pack_samples(confidences: jax.Array, correct: jax.Array, buckets: jax.Array)
 def _packed_sums_impl(words: jax.Array, *, num_buckets: int) -> tuple[jax.Array, jax.Array]:
   lead, n = words.shape[:-1], words.shape[-1]
   rows, per_row = math.prod(lead), 2 * num_buckets
-  by_rows = rows > 1 and n <= _exact.CHUNK_SIZE  # as in _bucket_sums_impl
 
   def columns(w, *offset):
     ids = jax.lax.shift_right_logical(w, _UNIT_BITS)
     units = w & ((1 << _UNIT_BITS) - 1)
-    if by_rows:
-      ids = ids + jnp.arange(w.shape[0], dtype=jnp.int32)[:, None] * per_row
-    elif offset:
-      ids = ids + ((offset[0] + jnp.arange(w.shape[0], dtype=jnp.int32)) // n) * per_row
+    row = _chunk_rows(w.shape[0], rows, n, offset[0] if offset else None)
+    if row is not None:
+      ids = ids + row * per_row
     return ids, jnp.stack([jnp.ones_like(units)] + _exact.unit_columns(units), axis=0)
 
-  if by_rows:
-    hi, lo = _exact.segment_sums(columns, (words.reshape(rows, n),), rows * per_row,
-                                 chunk_size=_exact.CHUNK_SIZE // n, segments_per_entry=per_row)
-  else:
-    hi, lo = _exact.segment_sums(columns, (words.reshape(-1),), rows * per_row,
-                                 with_offset=rows > 1)
+  hi, lo = _row_segment_sums(columns, (words,), rows * per_row, rows, n)
   shape = lead + (num_buckets, -1)
   return hi.reshape(shape), lo.reshape(shape)
 
