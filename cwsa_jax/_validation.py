@@ -91,7 +91,7 @@ def _values(x: Any, *, binary: bool = False) -> _Values:
   """
   if _on_accelerator(x):
     if x.size == 0:
-      return _Values(0, None, None, 0)
+      return _Values(0, None, None, 0 if binary else None)
     nonfinite, low, high, *not_binary = jax.device_get(_device_values(x, binary))
     nonfinite = int(nonfinite)
     return _Values(nonfinite, None if nonfinite else low, None if nonfinite else high,
