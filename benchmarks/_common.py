@@ -7,6 +7,7 @@ import os
 import platform
 import sys
 import time
+from typing import Sequence
 
 import jax
 import numpy as np
@@ -40,13 +41,6 @@ def best_time(fn, *args, repeats: int = 5, min_seconds: float = 0.0) -> float:
     jax.block_until_ready(fn(*args))
     times.append(time.perf_counter() - t)
   return min(times)
-
-
-def emit(name: str, payload: dict, table: list[str]) -> None:
-  """Prints the short table, then one JSON line (the machine-readable record)."""
-  for line in table:
-    print(line, file=sys.stderr)
-  print(json.dumps({"benchmark": name, **environment(), **payload}, indent=1))
 
 
 def load_average() -> list[float] | None:
@@ -96,8 +90,13 @@ def write_json_atomic(path: str, payload: dict) -> None:
   os.replace(tmp, path)
 
 
-def emit(payload: dict, out: str | None) -> None:
-  """Prints the benchmark's JSON, and writes it to ``out`` (atomically) when given."""
-  print(json.dumps(payload, indent=1))
+def emit(name: str, payload: dict, *, table: Sequence[str] = (), out: str | None = None) -> None:
+  """Prints ``table`` (a short summary) on stderr, then the JSON record on stdout: the
+  benchmark's ``name``, :func:`environment` and ``payload``; also writes it to ``out``
+  (atomically) when given."""
+  for line in table:
+    print(line, file=sys.stderr)
+  record = {"benchmark": name, **environment(), **payload}
+  print(json.dumps(record, indent=1))
   if out:
-    write_json_atomic(out, payload)
+    write_json_atomic(out, record)

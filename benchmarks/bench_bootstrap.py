@@ -196,7 +196,7 @@ def main() -> None:
     table += [f"RSS  B={p['num_resamples']:>5} chunk={p['chunk_size']:>4}: peak "
               f"{p['peak_rss_mb']:.0f} MB (+{p['call_increase_mb']:.0f} MB in the call, "
               "compilation included)" for p in probes]
-  emit("bootstrap", payload, table)
+  emit("bootstrap", payload, table=table)
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ def main() -> None:
     goal = [r for r in rows if r["n"] == 10**6 and r["num_groups"] == 100][0]
     payload["goals"] = {"ratio_n1e6_T50_G100": goal["ratio"], "ratio_goal": 3.0}
     table.append(f"goal: ratio at n=1e6, T=50, G=100 = {goal['ratio']:.2f} (<= 3)")
-  emit("groups", payload, table)
+  emit("groups", payload, table=table)
 
 
 if __name__ == "__main__":

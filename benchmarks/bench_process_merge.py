@@ -213,7 +213,7 @@ def main() -> None:
                  f"{r['loopback_bytes_per_merge']:9.0f} {r['state_bytes']:11d}")
   table.append(f"collectives of the last merge: {merged['collectives_of_last']}")
   emit("process_merge", {"n": args.n, "load_average": load_before, "one_process": single,
-                         "int32_limit": limit, "two_processes": merged}, table)
+                         "int32_limit": limit, "two_processes": merged}, table=table)
 
 
 if __name__ == "__main__":

@@ -111,7 +111,7 @@ def main() -> None:
         "memory_goal_mb": 1024,
     }
     table.append(json.dumps(payload["goals"]))
-  emit("sweep", payload, table)
+  emit("sweep", payload, table=table)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import emit, environment, load_average  # noqa: E402
+from _common import emit, load_average  # noqa: E402
 
 _MARK = "STEPS/S"
 
@@ -108,10 +108,10 @@ def main() -> None:
   if args.old_tree:
     for v in ("default", "devices=1"):
       summary[v]["median_vs_old"] = round(summary[v]["median"] / summary["old"]["median"], 3)
-  payload = {"benchmark": "train_steps", **environment(), "dataset": args.dataset,
+  payload = {"dataset": args.dataset,
              "steps": args.steps, "rounds": args.rounds, "old_tree": args.old_tree,
              "rows": rows, "summary": summary, "load_average_after": load_average()}
-  emit(payload, args.out)
+  emit("train_steps", payload, out=args.out)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def main() -> None:
   import numpy as np  # noqa: PLC0415
   from flax import nnx  # noqa: PLC0415
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-  from _common import emit, environment, load_average  # noqa: PLC0415
+  from _common import emit, load_average  # noqa: PLC0415
 
   dataset = data_lib.load_dataset(args.dataset)
   mesh = train.data_mesh(devices, config.batch_size)
@@ -102,7 +102,7 @@ def main() -> None:
     ops, waits = op_times(json.load(gzip.open(path)), args.profile_steps)
   top = sorted(ops.items(), key=lambda kv: -kv[1])[:args.top]
   payload = {
-      "benchmark": "profile_train_step", **environment(), "dataset": args.dataset,
+      "dataset": args.dataset,
       "devices": mesh.size, "batch_size": config.batch_size, "steps": args.steps,
       "load_average_before": load,
       "steps_per_s": round(args.steps / wall, 3),
@@ -116,7 +116,7 @@ def main() -> None:
       "top_ops_ms_per_step_all_devices": {k: round(v, 3) for k, v in top},
       "load_average_after": load_average(),
   }
-  emit(payload, args.out)
+  emit("profile_train_step", payload, out=args.out)
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def main() -> None:
   table = [f"{res['data'][-40:]:40s} m={row['mantissa_bits']:2d} err={row['aurc_abs_error']:.2e} "
            f"width={row['aurc_bound_width']:.2e} exact={row['exact']}"
            for res in results for row in res["rows"]]
-  emit("streaming_aurc_error", {"results": results}, table)
+  emit("streaming_aurc_error", {"results": results}, table=table)
 
 if __name__ == "__main__":
   main()

@@ -23,6 +23,7 @@ import reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import _common  # noqa: E402
 import numpy_baselines as nb  # noqa: E402
 
 CONVENTIONS = ("step", "trapezoid", "published_code")
@@ -219,9 +220,19 @@ def test_bootstraps_draw_their_own_resamples():
 # --------------------------------------------------------------------------- the scripts
 
 
+SMOKE_RUNS = {
+    "bench_sweep.py": ["--quick"],
+    "bench_groups.py": ["--quick"],
+    "bench_bootstrap.py": ["--quick"],
+    "streaming_aurc_error.py": ["--n", "20000"],
+    "bench_process_merge.py": ["--n", "20000"],
+}
+
+
 @pytest.fixture(scope="module")
 def script_runs(tmp_path_factory):
-  """bench_vs_numpy.py --quick and accelerator.sh --quick, started together at tiny n."""
+  """bench_vs_numpy.py --quick, accelerator.sh --quick and :data:`SMOKE_RUNS`, started
+  together at tiny n."""
   tmp = tmp_path_factory.mktemp("bench")
   env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
   commands = {
@@ -232,6 +243,9 @@ def script_runs(tmp_path_factory):
                       "--only", "aurc", "--sizes", "300", "--repeats", "1",
                       "--out", str(tmp / "gpu.json")],
   }
+  # The other scripts' smoke runs: each must end by printing its JSON record.
+  for name, args in SMOKE_RUNS.items():
+    commands[name] = [sys.executable, os.path.join(ROOT, "benchmarks", name), *args]
   env["PYTHON"] = sys.executable
   procs = {name: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   env=env, cwd=ROOT) for name, cmd in commands.items()}
@@ -240,6 +254,17 @@ def script_runs(tmp_path_factory):
     stdout, stderr = proc.communicate(timeout=300)
     out[name] = (proc.returncode, stdout, stderr)
   return tmp, out
+
+
+@pytest.mark.parametrize("script", sorted(SMOKE_RUNS))
+def test_benchmark_script_smoke_run_emits_its_record(script_runs, script):
+  _, out = script_runs
+  rc, stdout, stderr = out[script]
+  assert rc == 0, stderr[-3000:]
+  record = json.loads(stdout)
+  assert record["benchmark"] == script.removesuffix(".py").removeprefix("bench_")
+  assert record["device"] and record["jax"]
+  assert set(record) - set(_common.environment()) - {"benchmark"}, record  # its own results
 
 
 def test_bench_vs_numpy_quick_emits_valid_json(script_runs):
