@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import environment, load_average, write_json_atomic  # noqa: E402
+from _common import emit, load_average  # noqa: E402
 
 
 def write_file(path: Path, n: int) -> None:
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
   parser.add_argument("--bootstrap", type=int, default=1000)
   parser.add_argument("--out", default=None)
   args = parser.parse_args(argv)
-  payload = {"benchmark": "evaluate_end_to_end", **environment(), "load_average_before": load_average(),
+  payload = {"load_average_before": load_average(),
              "settings": {"bootstrap": args.bootstrap, "command": "cwsa-jax evaluate FILE --bootstrap B "
                           "--no-progress (defaults otherwise: figures, per-class breakdown)"},
              "rows": []}
@@ -91,9 +91,7 @@ def main(argv=None) -> int:
         payload["rows"].append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
   payload["load_average_after"] = load_average()
-  if args.out:
-    write_json_atomic(args.out, payload)
-  print(json.dumps(payload, indent=1))
+  emit("evaluate_end_to_end", payload, out=args.out)
   return 0
 
 

@@ -292,6 +292,51 @@ def test_risk_coverage_draws_the_step_curves():
   _not_blank(_png(fig))
 
 
+def test_display_steps_keep_every_column_extremes_and_ends():
+  rng = np.random.default_rng(0)
+  columns = 64
+  n = 10 * 4 * columns
+  coverage = np.sort(rng.random(n)) ** 2  # unevenly spread, some columns empty
+  coverage[-1] = 1.0
+  values = [np.cumsum(rng.normal(size=n)), rng.random(n)]
+  thin = plots._display_steps(coverage, *values, columns=columns)
+  x = thin[0]
+  assert 4 * columns // 2 < x.size <= 6 * columns < n
+  index = np.searchsorted(coverage, x)  # the kept points, in order, are points of the curve
+  assert np.all(np.diff(index) > 0) and index[0] == 0 and index[-1] == n - 1
+  for v, kept in zip(values, thin[1:]):
+    np.testing.assert_array_equal(kept, v[index])
+    col, kept_col = (np.minimum((c * columns).astype(int), columns - 1) for c in (coverage, x))
+    for j in np.unique(col):  # the full curve's extent in every column
+      assert kept[kept_col == j].min() == v[col == j].min()
+      assert kept[kept_col == j].max() == v[col == j].max()
+
+
+def test_display_steps_leave_short_or_unsorted_curves_alone():
+  x = np.linspace(0, 1, 64)
+  y = np.sin(x)
+  for args, columns in (((x, y), 16), ((x[::-1].copy(), y), 8)):  # 4 per column; descending
+    out = plots._display_steps(*args, columns=columns)
+    assert all(a is b for a, b in zip(out, args))
+
+
+def test_risk_coverage_of_many_distinct_confidences_draws_a_thinned_curve():
+  rng = np.random.default_rng(1)
+  n = 200_000
+  c = rng.random(n).astype(np.float32)
+  curve = risk_coverage_curve(c, rng.random(n) < c)
+  fig = plots.risk_coverage(curve)
+  m = int(curve.num_points)
+  assert m > 4 * plots.DISPLAY_COLUMNS
+  for ax in fig.axes:
+    (line,) = [l for l in ax.get_lines() if l.get_label() == "model"]
+    assert len(line.get_xdata()) <= 6 * plots.DISPLAY_COLUMNS + 1
+    assert line.get_xdata()[-1] == 1.0
+  ys = _lines(fig.axes[0])["model"].get_ydata()
+  risk = np.asarray(curve.risk)[:m]
+  assert ys[1:].max() == risk.max() and ys[1:].min() == risk.min()
+
+
 def test_stress_test_plot(batch):
   grid = [0.0, 0.1, 0.2]
   values = np.array([[0.9, 0.8, 0.7], [0.92, 0.78, 0.69]])  # [seeds, P]
