@@ -256,6 +256,11 @@ def script_runs(tmp_path_factory):
   return tmp, out
 
 
+# The tests of the script runs share one worker (--dist loadgroup): the fixture runs once.
+_SCRIPTS = pytest.mark.xdist_group("benchmark_scripts")
+
+
+@_SCRIPTS
 @pytest.mark.parametrize("script", sorted(SMOKE_RUNS))
 def test_benchmark_script_smoke_run_emits_its_record(script_runs, script):
   _, out = script_runs
@@ -267,6 +272,7 @@ def test_benchmark_script_smoke_run_emits_its_record(script_runs, script):
   assert set(record) - set(_common.environment()) - {"benchmark"}, record  # its own results
 
 
+@_SCRIPTS
 def test_bench_vs_numpy_quick_emits_valid_json(script_runs):
   tmp, out = script_runs
   rc, stdout, stderr = out["bench"]
@@ -285,6 +291,7 @@ def test_bench_vs_numpy_quick_emits_valid_json(script_runs):
   assert "kit ms" in stderr
 
 
+@_SCRIPTS
 def test_accelerator_quick_emits_valid_json(script_runs):
   tmp, out = script_runs
   rc, stdout, stderr = out["accelerator"]
