@@ -51,25 +51,30 @@ def load_average() -> list[float] | None:
     return None
 
 
-def interleaved_times(fns: dict, repeats: int, *, max_seconds: float | None = None) -> dict:
+def interleaved_times(fns: dict, repeats: int, *, max_seconds: float | None = None,
+                      min_seconds: float = 0.0) -> dict:
   """Wall times of each ``fns[name]()`` (blocked until ready), the calls interleaved.
 
   Round r calls every function once, starting at a different one each round
   (a rotation), so slow drifts of the machine's load, clock or caches hit every
   implementation alike. Call each function once before (compilation, first
-  allocations): nothing here warms up. ``max_seconds`` stops after the round in
-  which the total passes it (at least 2 rounds). Returns ``{name: [seconds, ...]}``.
+  allocations): nothing here warms up. At least ``repeats`` rounds, and more
+  until ``min_seconds`` have passed (fast functions get more samples of a noisy
+  machine); ``max_seconds`` stops after the round in which the total passes it
+  (at least 2 rounds). Returns ``{name: [seconds, ...]}``.
   """
   names = list(fns)
   times = {name: [] for name in names}
   start_all = time.perf_counter()
-  for r in range(repeats):
+  r = 0
+  while r < repeats or time.perf_counter() - start_all < min_seconds:
     for j in range(len(names)):
       name = names[(r + j) % len(names)]
       t = time.perf_counter()
       jax.block_until_ready(fns[name]())
       times[name].append(time.perf_counter() - t)
-    if max_seconds is not None and r >= 1 and time.perf_counter() - start_all > max_seconds:
+    r += 1
+    if max_seconds is not None and r >= 2 and time.perf_counter() - start_all > max_seconds:
       break
   return times
 

@@ -2,7 +2,7 @@
 
 Usage:
   python benchmarks/bench_vs_numpy.py [--quick] [--only KERNEL[,KERNEL...]] [--sizes N[,N...]]
-      [--repeats R] [--with-loops] [--rtol 1e-6] [--atol 1e-7] [--strict]
+      [--repeats R] [--min-seconds S] [--with-loops] [--rtol 1e-6] [--atol 1e-7] [--strict]
       [--out results/benchmarks/vs_numpy.json]
 
 What is measured, per kernel, option and n in {1e5, 1e6, 1e7} (T in {10, 50,
@@ -14,7 +14,10 @@ same data: NumPy variants (single-threaded) and torch CPU where natural
 is checked against the float64 NumPy result (``|kit - ref| <= rtol |ref| +
 atol``, NaN where NaN), and every other baseline too. Then all
 implementations are called in turns (interleaved, a rotation per round, in
-one process) and the minimum (headline) and median of the repeats are kept.
+one process; ``--repeats`` rounds, and more until the case has taken
+``--min-seconds``, so that a kernel of a millisecond gets hundreds of samples
+of a noisy machine rather than seven) and the minimum (headline) and median
+of the rounds are kept.
 ``ratio`` is kit min / best baseline min, the best over the NumPy and torch
 variants; the per-threshold float64 loop (``--with-loops``) is a second
 column only, never the headline. Load averages are recorded before and after
@@ -300,7 +303,8 @@ def selected(kernel: str, only) -> bool:
 # --------------------------------------------------------------------------- running
 
 
-def run_case(case: Case, repeats: int, rtol: float, atol: float, max_seconds: float) -> dict:
+def run_case(case: Case, repeats: int, rtol: float, atol: float, max_seconds: float,
+             min_seconds: float = 0.0) -> dict:
   """Checks, then times one case; returns its JSON row."""
   row = {"kernel": case.kernel, "options": case.options, "n": case.n,
          "load_average_before": load_average()}
@@ -326,7 +330,7 @@ def run_case(case: Case, repeats: int, rtol: float, atol: float, max_seconds: fl
       elif case.check is not None:
         fn()  # warm-up only: the timed runs draw other resamples
     fns = {"kit": case.kit, **case.kit_variants, **case.baselines}
-    times = interleaved_times(fns, repeats, max_seconds=max_seconds)
+    times = interleaved_times(fns, repeats, max_seconds=max_seconds, min_seconds=min_seconds)
   except Exception as e:  # noqa: BLE001 - the kit may be mid-rewrite; report and go on
     row["error"] = f"{type(e).__name__}: {e}"
     row["load_average_after"] = load_average()
@@ -415,6 +419,8 @@ def main(argv=None) -> int:
                       help=f"comma-separated kernels (or prefixes such as 'bootstrap'): {', '.join(KERNELS)}")
   parser.add_argument("--sizes", default=None, help="comma-separated n (default 1e5,1e6,1e7)")
   parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 7; 2 with --quick)")
+  parser.add_argument("--min-seconds", type=float, default=None,
+                      help="more rounds until a case has taken this long (default 1; 0 with --quick)")
   parser.add_argument("--with-loops", action="store_true",
                       help="also time the per-threshold float64 loop (a second column)")
   parser.add_argument("--rtol", type=float, default=1e-6)
@@ -436,6 +442,7 @@ def main(argv=None) -> int:
   boot_n, boot_b, boot_check = (min(sizes[0], 2000), 20, 20) if args.quick else (10**5, 1000, 100)
   models_n = min(sizes[0], 1000) if args.quick else 10**5
   max_seconds = 10.0 if args.quick else 90.0
+  min_seconds = args.min_seconds if args.min_seconds is not None else (0.0 if args.quick else 1.0)
 
   load_before = load_average()
   rows, table = [], [f"{'kernel':<20} {'options':<34} {'n':>9} {'kit ms':>10} {'best baseline':<22} "
@@ -443,7 +450,7 @@ def main(argv=None) -> int:
   print(table[0], file=sys.stderr)
 
   def record(case: Case, case_repeats: int) -> None:
-    row = run_case(case, case_repeats, args.rtol, args.atol, max_seconds)
+    row = run_case(case, case_repeats, args.rtol, args.atol, max_seconds, min_seconds)
     rows.append(row)
     table.append(table_line(row))
     print(table[-1], file=sys.stderr, flush=True)
@@ -466,12 +473,14 @@ def main(argv=None) -> int:
       "torch": nb.torch.__version__ if nb.torch is not None else None,
       "torch_threads": nb.torch.get_num_threads() if nb.torch is not None else None,
       "threads_note": "NumPy runs on one thread; torch and XLA may use every core",
-      "settings": {"quick": args.quick, "sizes": sizes, "repeats": repeats, "rtol": args.rtol,
+      "settings": {"quick": args.quick, "sizes": sizes, "repeats": repeats,
+                   "min_seconds": min_seconds, "rtol": args.rtol,
                    "atol": args.atol, "bootstrap": {"n": boot_n, "num_resamples": boot_b,
                                                     "check_resamples": boot_check},
                    "models": {"count": NUM_MODELS, "n_per_model": models_n},
                    "data": "c ~ U(0.3, 1) float32, correct with probability c (seed 0)",
-                   "timing": "interleaved rounds, min (headline) and median; compilation excluded"},
+                   "timing": "interleaved rounds (at least `repeats`, more until a case took "
+                             "`min_seconds`), min (headline) and median; compilation excluded"},
       "load_average_before": load_before,
       "load_average_after": load_average(),
       "rows": rows,
