@@ -304,9 +304,9 @@ def test_display_steps_keep_every_column_extremes_and_ends():
   assert 4 * columns // 2 < x.size <= 6 * columns < n
   index = np.searchsorted(coverage, x)  # the kept points, in order, are points of the curve
   assert np.all(np.diff(index) > 0) and index[0] == 0 and index[-1] == n - 1
+  col, kept_col = (np.minimum((c * columns).astype(int), columns - 1) for c in (coverage, x))
   for v, kept in zip(values, thin[1:]):
     np.testing.assert_array_equal(kept, v[index])
-    col, kept_col = (np.minimum((c * columns).astype(int), columns - 1) for c in (coverage, x))
     for j in np.unique(col):  # the full curve's extent in every column
       assert kept[kept_col == j].min() == v[col == j].min()
       assert kept[kept_col == j].max() == v[col == j].max()
@@ -329,7 +329,7 @@ def test_risk_coverage_of_many_distinct_confidences_draws_a_thinned_curve():
   m = int(curve.num_points)
   assert m > 4 * plots.DISPLAY_COLUMNS
   for ax in fig.axes:
-    (line,) = [l for l in ax.get_lines() if l.get_label() == "model"]
+    line = _lines(ax)["model"]
     assert len(line.get_xdata()) <= 6 * plots.DISPLAY_COLUMNS + 1
     assert line.get_xdata()[-1] == 1.0
   ys = _lines(fig.axes[0])["model"].get_ydata()
