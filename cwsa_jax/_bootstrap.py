@@ -319,10 +319,34 @@ def _run_blocks(block: Callable, num_resamples: int, chunk_size: int, n: int, *,
   return jax.tree.map(lambda *xs: jnp.concatenate(xs)[:num_resamples], *parts)
 
 
+def _nanquantiles(x: jax.Array, q: jax.Array) -> jax.Array:
+  """NumPy's default ("linear") quantiles [len(q), ...] over axis 0, NaNs left out.
+
+  With the m values that are not NaN sorted, x_(0) <= ... <= x_(m-1), and
+  h = (m - 1) q: Q_q = x_(j) + t (x_(j+1) - x_(j)), j = floor h, t = h - j, or
+  x_(j+1) - (1 - t)(x_(j+1) - x_(j)) for t >= 1/2, as NumPy interpolates. Unlike
+  ``jnp.nanquantile``'s ``(1 - t) x_(j) + t x_(j+1)``, this is exact when
+  x_(j) = x_(j+1): a value constant over the resamples (a sweep's thresholds)
+  is its own interval, whatever the compiler contracts into fused multiply-adds.
+  NaN where every value is NaN.
+  """
+  s = jnp.sort(x, axis=0)  # NaN last
+  m = jnp.sum(~jnp.isnan(x), axis=0)
+  h = (jnp.maximum(m, 1) - 1).astype(x.dtype) * q.reshape((-1,) + (1,) * (x.ndim - 1))
+  j = jnp.floor(h)
+  t = h - j
+  j = j.astype(jnp.int32)
+  a = jnp.take_along_axis(s, j, axis=0)
+  b = jnp.take_along_axis(s, jnp.minimum(j + 1, jnp.maximum(m, 1) - 1), axis=0)
+  d = b - a
+  value = jnp.where(t >= 0.5, b - d * (1 - t), a + d * t)
+  return jnp.where(m > 0, value, jnp.nan)
+
+
 def _percentiles(samples, level):
   """(low, high) pytrees: nan-aware linear-interpolation quantiles over axis 0."""
   q = jnp.stack([(1.0 - level) / 2.0, (1.0 + level) / 2.0]).astype(jnp.float32)
-  bounds = jax.tree.map(lambda s: jnp.nanquantile(_as_float(s), q, axis=0), samples)
+  bounds = jax.tree.map(lambda s: _nanquantiles(_as_float(s), q), samples)
   low = jax.tree.map(lambda x: x[0], bounds)
   high = jax.tree.map(lambda x: x[1], bounds)
   return low, high

@@ -256,7 +256,8 @@ def script_runs(tmp_path_factory):
   return tmp, out
 
 
-# The tests of the script runs share one worker (--dist loadgroup): the fixture runs once.
+# The tests of the script runs share one worker (dev.sh: --dist loadfile; the mark does the same
+# under --dist loadgroup): the fixture runs once.
 _SCRIPTS = pytest.mark.xdist_group("benchmark_scripts")
 
 

@@ -25,7 +25,8 @@ from packaging.utils import canonicalize_name
 
 import cwsa_jax as cw
 
-# One xdist worker builds the sdist and wheel once for all these tests (dev.sh: --dist loadgroup).
+# One xdist worker builds the sdist and wheel once for all these tests (dev.sh runs each file on
+# one worker; the mark does the same under --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("packaging")
 
 ROOT = Path(__file__).resolve().parents[1]

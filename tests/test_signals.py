@@ -196,7 +196,7 @@ def first_seen(folder, run, prefix):
 
 
 KILL_CASES = {
-    "evaluate": (["evaluate", "IN/preds.csv", "--out", "OUT", "--bootstrap", "0"], 6),
+    "evaluate": (["evaluate", "IN/preds.csv", "--out", "OUT", "--bootstrap", "0"], 4),
     "demo": (["demo", "--seeds", "3", "--n", "300", "--out", "OUT"], 4),
 }
 
