@@ -191,9 +191,11 @@ def test_evaluate_all_formats_agree(tmp_path, capsys, csv_file, model):
 
 
 def test_evaluate_flags(tmp_path, capsys, csv_file, model):
-  # Every run uses 20 thresholds and 10 bins: the same compiled functions.
-  run_ok(["evaluate", csv_file, "--out", tmp_path / "a", "--no-figures", "--normalize", "all",
-          "--thresholds", "0.5:0.975:0.025", "--bins", "10", "--aurc", "trapezoid"], capsys)
+  # Every run uses 20 thresholds and 10 bins: the same compiled functions; no intervals
+  # (each option set compiles its own bootstrap; the interval flags are tested below).
+  run_ok(["evaluate", csv_file, "--out", tmp_path / "a", "--no-figures", "--bootstrap", "0",
+          "--normalize", "all", "--thresholds", "0.5:0.975:0.025", "--bins", "10",
+          "--aurc", "trapezoid"], capsys)
   m = load(tmp_path / "a")
   tau = np.round(0.5 + 0.025 * np.arange(20), 3).astype(np.float32)
   np.testing.assert_allclose(m["sweep"]["thresholds"], tau, atol=1e-6)
@@ -203,7 +205,8 @@ def test_evaluate_flags(tmp_path, capsys, csv_file, model):
   assert m["settings"]["aurc_convention"] == "trapezoid"
   assert m["settings"]["cwsa_normalize"] == "all"
 
-  run_ok(["evaluate", csv_file, "--out", tmp_path / "b", "--no-figures", "--published-code"], capsys)
+  run_ok(["evaluate", csv_file, "--out", tmp_path / "b", "--no-figures", "--bootstrap", "0",
+          "--published-code"], capsys)
   m = load(tmp_path / "b")
   np.testing.assert_allclose(m["sweep"]["thresholds"], np.linspace(0.5, 0.99, 20), atol=1e-6)
   assert m["settings"]["ece"]["num_bins"] == 10
@@ -214,8 +217,9 @@ def test_evaluate_flags(tmp_path, capsys, csv_file, model):
   k = np.arange(1, N + 1) / N
   assert m["aurc"] == pytest.approx(np.sum((risks[1:] + risks[:-1]) / 2 * np.diff(k)), abs=2e-6)
 
-  run_ok(["evaluate", csv_file, "--out", tmp_path / "c", "--no-figures", "--published-code",
-          "--normalize", "retained", "--thresholds", "linspace:0.4:0.9:20"], capsys)
+  run_ok(["evaluate", csv_file, "--out", tmp_path / "c", "--no-figures", "--bootstrap", "0",
+          "--published-code", "--normalize", "retained", "--thresholds", "linspace:0.4:0.9:20"],
+         capsys)
   m = load(tmp_path / "c")
   assert m["settings"]["cwsa_normalize"] == "retained"  # explicit flags override the preset
   np.testing.assert_allclose(m["sweep"]["thresholds"], np.linspace(0.4, 0.9, 20), atol=1e-6)
