@@ -97,8 +97,13 @@ def _values(x: Any, *, binary: bool = False) -> _Values:
     return _Values(nonfinite, None if nonfinite else low, None if nonfinite else high,
                    int(not_binary[0]) if binary else None)
   v = np.asarray(x)
-  nonfinite = int(v.size - np.count_nonzero(np.isfinite(v))) if v.dtype.kind == "f" else 0
-  low, high = (v.min(), v.max()) if v.size and not nonfinite else (None, None)
+  low, high = (v.min(), v.max()) if v.size else (None, None)
+  nonfinite = 0
+  # min and max carry any NaN or infinity: the entries are counted only when one is there
+  # (two passes over valid data instead of three).
+  if v.dtype.kind == "f" and v.size and not (np.isfinite(low) and np.isfinite(high)):
+    nonfinite = int(v.size - np.count_nonzero(np.isfinite(v)))
+    low = high = None
   not_binary = int(np.count_nonzero((v != 0) & (v != 1))) if binary else None
   return _Values(nonfinite, low, high, not_binary)
 
@@ -193,7 +198,7 @@ def poison(x: Any, rows: jax.Array | None = None, items: jax.Array | None = None
 
 
 def _as_array(x: Any, name: str) -> jax.Array:
-  if isinstance(x, jax.core.Tracer):
+  if isinstance(x, (jax.core.Tracer, jax.Array)):  # as it is (jnp.asarray costs ~8 us a call)
     return x
   try:
     return jnp.asarray(x)
@@ -223,12 +228,17 @@ def correct_array(correct: Any, name: str = "correct") -> jax.Array:
   raise DTypeError(f"{name} must be boolean, 0/1 or a float in [0, 1], got dtype {arr.dtype}")
 
 
+def _float32(x: jax.Array) -> jax.Array:
+  """``x`` as float32 (no conversion op for an array that is float32 already)."""
+  return x if x.dtype == jnp.float32 else x.astype(jnp.float32)
+
+
 def convert_correct(k: jax.Array) -> jax.Array:
   """Checked correctness in the kernels' dtype: integers as ``bool``, floats as float32."""
   if jnp.issubdtype(k.dtype, jnp.integer):
     return k.astype(jnp.bool_)
   if jnp.issubdtype(k.dtype, jnp.floating):
-    return k.astype(jnp.float32)
+    return _float32(k)
   return k
 
 
@@ -296,6 +306,8 @@ def check_threshold(tau: Any, name: str = "tau") -> jax.Array | None:
   if not is_concrete(tau):
     return _traced_flag(bad_threshold(tau), 0, f"{name} must lie in [0, 1)")
   v = np.asarray(tau, dtype=np.float64)
+  if v.size and 0.0 <= v.min() and v.max() < 1.0:  # False with a NaN: min and max carry it
+    return None
   if not np.all(np.isfinite(v)):
     raise ValueError(f"{name} must be finite, got {v if v.size < 8 else 'NaN/inf values'}")
   if np.any(v < 0.0) or np.any(v >= 1.0):
@@ -436,7 +448,7 @@ def samples(confidences: Any, correct: Any, *, scores: bool = False,
       check_finite_in_unit_interval(c, "confidences",
                                     unit=SCORES_IN_UNIT_INTERVAL or not scores),
       check_correct(k, graded=graded))
-  return Samples(c.astype(jnp.float32), convert_correct(k), flag)
+  return Samples(_float32(c), convert_correct(k), flag)
 
 
 def as_correct(correct: Any, name: str = "correct", *, graded: bool = True) -> jax.Array:
@@ -478,7 +490,7 @@ def threshold(tau: Any, name: str = "tau", *, hint: str = "") -> tuple[jax.Array
   t = as_float_array(tau, name)
   if t.ndim != 0:
     raise ValueError(f"{name} must be a scalar, got shape {t.shape}{hint}")
-  return t.astype(jnp.float32), check_threshold(t, name)
+  return _float32(t), check_threshold(t, name)
 
 
 def thresholds(values: Any, name: str = "thresholds", *,
@@ -490,7 +502,7 @@ def thresholds(values: Any, name: str = "thresholds", *,
   check_nonempty(t, name)
   if t.shape[0] < min_size:
     raise ValueError(f"{name} needs at least {min_size} values, got shape {t.shape}")
-  return t.astype(jnp.float32), check_threshold(t, name)
+  return _float32(t), check_threshold(t, name)
 
 
 def as_thresholds(values: Any) -> jax.Array:
