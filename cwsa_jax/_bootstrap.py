@@ -332,12 +332,13 @@ def _nanquantiles(x: jax.Array, q: jax.Array) -> jax.Array:
   """
   s = jnp.sort(x, axis=0)  # NaN last
   m = jnp.sum(~jnp.isnan(x), axis=0)
-  h = (jnp.maximum(m, 1) - 1).astype(x.dtype) * q.reshape((-1,) + (1,) * (x.ndim - 1))
+  last = jnp.maximum(m, 1) - 1  # index of x_(m-1) (0 for an all-NaN column)
+  h = last.astype(x.dtype) * q.reshape((-1,) + (1,) * (x.ndim - 1))
   j = jnp.floor(h)
   t = h - j
   j = j.astype(jnp.int32)
   a = jnp.take_along_axis(s, j, axis=0)
-  b = jnp.take_along_axis(s, jnp.minimum(j + 1, jnp.maximum(m, 1) - 1), axis=0)
+  b = jnp.take_along_axis(s, jnp.minimum(j + 1, last), axis=0)
   d = b - a
   value = jnp.where(t >= 0.5, b - d * (1 - t), a + d * t)
   return jnp.where(m > 0, value, jnp.nan)

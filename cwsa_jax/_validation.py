@@ -198,7 +198,7 @@ def poison(x: Any, rows: jax.Array | None = None, items: jax.Array | None = None
 
 
 def _as_array(x: Any, name: str) -> jax.Array:
-  if isinstance(x, (jax.core.Tracer, jax.Array)):  # as it is (jnp.asarray costs ~8 us a call)
+  if isinstance(x, jax.Array):  # tracers too: as it is (jnp.asarray costs ~8 us a call)
     return x
   try:
     return jnp.asarray(x)
