@@ -24,7 +24,38 @@ def environment() -> dict:
       "jax": jax.__version__,
       "numpy": np.__version__,
       "machine": platform.machine(),
+      "cpu_model": cpu_model(),
+      "numpy_simd": numpy_simd(),
   }
+
+
+def cpu_model() -> str | None:
+  """The CPU's model name (and family/model on x86 Linux), or None where /proc/cpuinfo is absent."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      info = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line)
+  except OSError:
+    return platform.processor() or None
+  info = {k.strip(): v.strip() for k, v in info.items()}
+  parts = [info.get("model name"), info.get("vendor_id")]
+  if "cpu family" in info:
+    parts.append(f"family {info['cpu family']} model {info.get('model')}")
+  return ", ".join(p for p in parts if p) or None
+
+
+def numpy_simd() -> dict:
+  """Which SIMD level NumPy dispatches to, and the NPY_DISABLE_CPU_FEATURES that limited it.
+
+  It matters for the sorts: on AMD Zen 4, NumPy's AVX-512 sort (x86-simd-sort)
+  is several times slower than its AVX2 one (see the README's speed section).
+  """
+  try:
+    from numpy._core._multiarray_umath import __cpu_features__ as features
+  except ImportError:  # pragma: no cover - NumPy 1.x
+    from numpy.core._multiarray_umath import __cpu_features__ as features
+  return {"avx512_skx_dispatched": bool(features.get("AVX512_SKX")),
+          "avx2_dispatched": bool(features.get("AVX2")),
+          "NPY_DISABLE_CPU_FEATURES": os.environ.get("NPY_DISABLE_CPU_FEATURES")}
 
 
 def best_time(fn, *args, repeats: int = 5, min_seconds: float = 0.0) -> float:

@@ -111,6 +111,44 @@ def sort(keys: jax.Array, *, length: int | None = None, fill: int = 0) -> jax.Ar
   return _per_backend(_host_sort, _device_sort, keys, length=length, fill=fill)
 
 
+def _avx512_sort_is_slow(avx512_dispatched: bool, cpuinfo: str) -> bool:
+  """True where NumPy sorts with AVX-512 (``avx512_dispatched``) on an AMD Zen 4 CPU.
+
+  NumPy's AVX-512 sort (x86-simd-sort) writes each partition with the
+  memory-destination form of the compress instructions, which Zen 4 runs in
+  microcode: there its int32 and int64 sorts are several times slower than
+  its own AVX2 ones (``NPY_DISABLE_CPU_FEATURES=X86_V4``) and than the radix
+  order below (``benchmarks/bench_vs_numpy.py`` records which NumPy dispatch a
+  run had). Zen 5 (family 26) and Intel CPUs run it fast. ``cpuinfo``: the
+  text of Linux's ``/proc/cpuinfo`` (empty elsewhere: assumed fast).
+  """
+  first = cpuinfo.split("\n\n")[0]
+  info = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first.splitlines())}
+  return (avx512_dispatched and info.get("vendor_id") == "AuthenticAMD"
+          and info.get("cpu family") == "25")
+
+
+def _numpy_avx512_dispatched() -> bool:
+  try:
+    from numpy._core._multiarray_umath import __cpu_features__ as features
+  except ImportError:  # pragma: no cover - NumPy 1.x
+    from numpy.core._multiarray_umath import __cpu_features__ as features
+  return bool(features.get("AVX512_SKX"))
+
+
+def _cpuinfo() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      return f.read(8192)
+  except OSError:  # pragma: no cover - not Linux
+    return ""
+
+
+# How the host finds a stable order: NumPy's sort of 64-bit words (key, position),
+# or, where that sort is slow (above), a two-pass radix sort of 16-bit digits.
+_RADIX_ORDER = _avx512_sort_is_slow(_numpy_avx512_dispatched(), _cpuinfo())
+
+
 def _numpy_stable_order(keys: np.ndarray) -> np.ndarray:
   """Input positions of int32 ``keys`` [..., n] in stable ascending order (a two-pass radix sort).
 
@@ -125,8 +163,40 @@ def _numpy_stable_order(keys: np.ndarray) -> np.ndarray:
   return np.take_along_axis(first, np.argsort(high, axis=-1, kind="stable"), axis=-1)
 
 
+def _words(keys: jax.Array, low: jax.Array) -> jax.Array:
+  """uint32 [..., 2n]: each sample's 64-bit word, ``(keys ^ 2^31) * 2^32 + low``, in memory order.
+
+  Built by XLA in one pass; NumPy sorts it in place as uint64 (unsigned order
+  of the words = order of the int32 keys, ties by ``low``).
+  """
+  high = lax.bitcast_convert_type(keys, jnp.uint32) ^ jnp.uint32(0x80000000)
+  pair = (low, high) if np.little_endian else (high, low)
+  return jnp.stack(pair, axis=-1).reshape(keys.shape[:-1] + (2 * keys.shape[-1],))
+
+
+def _sorted_words(keys: jax.Array, low: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(high, low) uint32 [..., n] of :func:`_words`, sorted by NumPy in XLA's buffer."""
+  def sort_in_place(outs, words):
+    del words  # outs[0] is the same buffer
+    outs[0].view(np.uint64).sort(axis=-1)
+
+  words = _words(keys, low)
+  words = _host(sort_in_place, _shape(words, words.shape[-1]), words, aliases={0: 0})
+  pair = words.reshape(keys.shape + (2,))
+  high, low = (pair[..., 1], pair[..., 0]) if np.little_endian else (pair[..., 0], pair[..., 1])
+  return high, low
+
+
+def _unsigned_key(high: jax.Array) -> jax.Array:
+  return lax.bitcast_convert_type(high ^ jnp.uint32(0x80000000), jnp.int32)
+
+
 def _host_sort_with_order(keys, length, fill):
   n = keys.shape[-1]
+  if not _RADIX_ORDER:
+    high, position = _sorted_words(keys, lax.iota(jnp.uint32, n))
+    return (_padded(_unsigned_key(high), length, fill),
+            _padded(lax.bitcast_convert_type(position, jnp.int32), length, n))
 
   def sort_with_order(outs, keys):
     out_keys, order = outs
@@ -161,6 +231,11 @@ def sort_with_order(keys: jax.Array, *, length: int | None = None,
 
 
 def _host_stable_flag_counts(keys, flags):
+  if not _RADIX_ORDER:  # each flag rides in the low bit, below the position
+    low = (lax.iota(jnp.uint32, keys.shape[-1]) << 1) | flags.astype(jnp.uint32)
+    _, low = _sorted_words(keys, low)
+    return _sequential_cumsum(lax.bitcast_convert_type(low & 1, jnp.int32), axis=-1)
+
   def count(outs, keys, flags):
     # The two-pass radix sort of _numpy_stable_order, with each flag riding
     # along the high digit: two gathers instead of three.

@@ -28,10 +28,26 @@ def _without_buffer_callback(fn):
   return call
 
 
+def _radix_order(fn, radix: bool):
+  """``fn`` with the host's stable order found by the radix passes (True) or NumPy's sort of
+  64-bit words (False), whichever this CPU would pick (``_sort._RADIX_ORDER``)."""
+  def call(*args, **kwargs):
+    saved, _sort._RADIX_ORDER = _sort._RADIX_ORDER, radix
+    try:
+      return fn(*args, **kwargs)
+    finally:
+      _sort._RADIX_ORDER = saved
+  return call
+
+
 def _both(host, device):
-  """The public function's branches, each runnable on CPU (the host one is what CPU lowers)."""
-  return pytest.mark.parametrize("impl", [host, _without_buffer_callback(host), device],
-                                 ids=["host", "host_pure_callback", "device"])
+  """The public function's branches, each runnable on CPU (the host one is what CPU lowers),
+  the host one with either way of finding a stable order."""
+  impls = [_radix_order(host, True), _radix_order(host, False),
+           _without_buffer_callback(_radix_order(host, True)),
+           _without_buffer_callback(_radix_order(host, False)), device]
+  return pytest.mark.parametrize("impl", impls, ids=["host_radix", "host_words", "host_radix_pure_callback",
+                                                     "host_words_pure_callback", "device"])
 
 
 @_both(_sort._host_sort, _sort._device_sort)
@@ -55,6 +71,37 @@ def test_stable_flag_counts(impl):
   got = jax.jit(jax.vmap(impl))(KEYS, FLAGS)
   order = np.argsort(KEYS, axis=-1, kind="stable")
   np.testing.assert_array_equal(got, np.cumsum(np.take_along_axis(FLAGS, order, axis=-1), axis=-1))
+
+
+@pytest.mark.parametrize("radix", [True, False])
+def test_stable_orders_of_extreme_keys_and_a_large_batch(radix):
+  # Keys at both ends of int32 (the word's high half flips the sign bit) and more
+  # than 2^16 samples (both radix digits and the word's position bits in use).
+  keys = RNG.integers(-2**31, 2**31 - 1, (2, 70_000), dtype=np.int64).astype(np.int32)
+  keys[:, :5] = [-2**31, 2**31 - 1, 0, -1, -2**31]
+  keys[:, 5000:9000] = keys[:, :4000]  # ties across the array
+  flags = RNG.integers(0, 2, keys.shape).astype(np.int32)
+  order = np.argsort(keys, axis=-1, kind="stable")
+  got_keys, got_order = jax.jit(jax.vmap(_radix_order(
+      functools.partial(_sort._host_sort_with_order, length=70_000, fill=0), radix)))(keys)
+  np.testing.assert_array_equal(got_order, order)
+  np.testing.assert_array_equal(got_keys, np.sort(keys, axis=-1))
+  counts = jax.jit(jax.vmap(_radix_order(_sort._host_stable_flag_counts, radix)))(keys, flags)
+  np.testing.assert_array_equal(counts, np.cumsum(np.take_along_axis(flags, order, axis=-1), axis=-1))
+
+
+ZEN4 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n\nprocessor\t: 1\n"
+
+
+@pytest.mark.parametrize("avx512, cpuinfo, slow", [
+    (True, ZEN4, True),
+    (False, ZEN4, False),  # NumPy limited to AVX2 (NPY_DISABLE_CPU_FEATURES=X86_V4)
+    (True, ZEN4.replace("family\t: 25", "family\t: 26"), False),  # Zen 5
+    (True, "vendor_id\t: GenuineIntel\ncpu family\t: 6\n", False),
+    (True, "", False),  # no /proc/cpuinfo
+])
+def test_radix_order_only_where_numpys_avx512_sort_runs_on_zen4(avx512, cpuinfo, slow):
+  assert _sort._avx512_sort_is_slow(avx512, cpuinfo) is slow
 
 
 def test_public_sorts_use_the_host_branch_on_cpu():
