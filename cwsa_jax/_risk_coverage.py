@@ -610,7 +610,45 @@ def risk_coverage_summary(confidences: Any, correct: Any, *,
   return _validation.poison(_batched(fn, c.ndim)(c, k), rows=invalid)
 
 
+def _curve_point(end, cum, key, n: int):
+  """(threshold, coverage, risk, generalized risk) of groups ending at ``end`` (1-based) with
+  loss ``cum`` up to there and confidence key ``key``."""
+  cumf, endf = cum.astype(jnp.float32), end.astype(jnp.float32)
+  return (lax.bitcast_convert_type(key, jnp.float32), endf / n, cumf / endf, cumf / n)
+
+
+def _curve_binary_sequential(c, correct):
+  """The curve of boolean correctness on CPU: one sequential pass of two running counts.
+
+  In decreasing confidence order, position i (0-based) ends a tie group when
+  its key differs from the next one (the padding key after the last sample
+  differs from every key); the running error count E and the running count
+  of group ends give each end its group number, and one scatter writes the
+  ends in order.
+  """
+  n = c.shape[0]
+  keys, errors = _sorted_outcomes(c, correct, keep_input_order=False, length=n + 1)
+  is_end = (keys[:n] != keys[1:]).astype(jnp.int32)
+
+  def step(carry, x):
+    carry = (carry[0] + x[0], carry[1] + x[1])
+    return carry, carry
+
+  zero = jnp.zeros((), jnp.int32)
+  _, (cum, groups) = lax.scan(step, (zero, zero), (errors[:n], is_end), unroll=8)
+  position = lax.iota(jnp.int32, n)
+  slot = jnp.where(is_end == 1, groups - 1, n)  # n: not an end, dropped
+  end = jnp.zeros((n,), jnp.int32).at[slot].set(position + 1, mode="drop", unique_indices=True)
+  num_points = groups[n - 1]
+  end = jnp.where(position < num_points, end, n)  # the padding repeats the last group
+  points = _curve_point(end, cum[end - 1], keys[end - 1], n)
+  thresholds = _group_confidences(points[0], c, num_points)
+  return RiskCoverageCurve(thresholds, *points[1:], num_points=num_points)
+
+
 def _curve_kernel(c, correct, *, sequential):
+  if sequential and correct.dtype == jnp.bool_:
+    return _curve_binary_sequential(c, correct)
   n = c.shape[0]
   chunk, length = _layout(n, sequential)
   keys, losses = _sorted_outcomes(c, correct, keep_input_order=False, length=length)
@@ -635,16 +673,13 @@ def _curve_kernel(c, correct, *, sequential):
   ends, cums, num_points = _scan_groups(keys, losses, reduce, init, chunk=chunk,
                                         sequential=sequential)
 
-  def point(end, cum, key):
-    cumf, endf = cum.astype(jnp.float32), end.astype(jnp.float32)
-    return (lax.bitcast_convert_type(key, jnp.float32), endf / n, cumf / endf, cumf / n)
-
   # Group g ends at position ends[g] (1-based); the padding repeats the last
   # group, which always ends at n.
   end = jnp.maximum(ends[:n], 1)
   real = lax.iota(jnp.int32, n) < num_points
-  last = point(jnp.int32(n), cums[num_points - 1], keys[n - 1])
-  out = tuple(jnp.where(real, v, w) for v, w in zip(point(end, cums[:n], keys[end - 1]), last))
+  last = _curve_point(jnp.int32(n), cums[num_points - 1], keys[n - 1], n)
+  out = tuple(jnp.where(real, v, w)
+              for v, w in zip(_curve_point(end, cums[:n], keys[end - 1], n), last))
   thresholds = _group_confidences(out[0], c, num_points)
   return RiskCoverageCurve(thresholds, *out[1:], num_points=num_points)
 
