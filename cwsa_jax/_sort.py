@@ -15,11 +15,20 @@ functions stay ``jit``- and ``vmap``-able. They have no derivative (integer
 keys); callers sort integer keys derived from the data and gather
 differentiable values by the returned order.
 
+Stable orders (ties in input order) sort 64-bit words, the key above the
+position, with NumPy's ``np.sort`` in XLA's buffer. Where NumPy's AVX-512
+sort is slow (AMD Zen 4, :func:`_avx512_sort_is_slow`) they take a two-pass
+radix sort of 16-bit digits instead; either way the order is the same. The
+unstable ``sort`` of int32 keys has no faster NumPy form there: on Zen 4 it
+runs about 6x faster when NumPy is started with
+``NPY_DISABLE_CPU_FEATURES=X86_V4`` (its AVX2 sort), a choice for the user's
+process that a library cannot make after NumPy is imported.
+
 Order statistics need no sort: :func:`order_statistics` is a radix select
 in plain XLA on every backend.
 
 Measured in ``benchmarks/bench_vs_numpy.py`` (the AURC family, the
-risk-coverage curve, equal-mass calibration bins).
+risk-coverage curve, equal-mass calibration bins), with either NumPy dispatch.
 """
 
 from __future__ import annotations

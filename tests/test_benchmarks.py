@@ -226,6 +226,7 @@ SMOKE_RUNS = {
     "bench_bootstrap.py": ["--quick"],
     "streaming_aurc_error.py": ["--n", "20000"],
     "bench_process_merge.py": ["--n", "20000"],
+    "bench_numpy_sort.py": ["--sizes", "3000", "--repeats", "1"],
 }
 
 
@@ -281,6 +282,11 @@ def test_bench_vs_numpy_quick_emits_valid_json(script_runs):
   payload = json.loads(stdout)
   assert payload == json.loads((tmp / "vs_numpy.json").read_text())
   assert payload["benchmark"] == "vs_numpy" and payload["device"] and payload["jax"]
+  # Which NumPy sort the run had (AVX-512 or AVX2 dispatch) changes the rank metrics' ratios.
+  simd = payload["numpy_simd"]
+  assert isinstance(simd["avx512_skx_dispatched"], bool) and isinstance(simd["avx2_dispatched"], bool)
+  assert simd["NPY_DISABLE_CPU_FEATURES"] == os.environ.get("NPY_DISABLE_CPU_FEATURES")
+  assert "cpu_model" in payload
   kernels = {(r["kernel"], r["options"].get("binning")) for r in payload["rows"]}
   assert kernels == {("ece", "width"), ("ece", "mass"), ("bootstrap_sweep", None)}
   for row in payload["rows"]:

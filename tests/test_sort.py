@@ -17,27 +17,27 @@ KEYS = RNG.integers(-40, 40, (3, 500)).astype(np.int32)  # many ties
 FLAGS = RNG.integers(0, 2, (3, 500)).astype(np.int32)
 
 
-def _without_buffer_callback(fn):
-  """``fn`` through the jax.pure_callback fallback (older JAX has no buffer_callback)."""
+def _with_setting(fn, name: str, value):
+  """``fn`` run with ``_sort.<name>`` set to ``value``."""
   def call(*args, **kwargs):
-    saved, _sort._buffer_callback = _sort._buffer_callback, None
+    saved = getattr(_sort, name)
+    setattr(_sort, name, value)
     try:
       return fn(*args, **kwargs)
     finally:
-      _sort._buffer_callback = saved
+      setattr(_sort, name, saved)
   return call
+
+
+def _without_buffer_callback(fn):
+  """``fn`` through the jax.pure_callback fallback (older JAX has no buffer_callback)."""
+  return _with_setting(fn, "_buffer_callback", None)
 
 
 def _radix_order(fn, radix: bool):
   """``fn`` with the host's stable order found by the radix passes (True) or NumPy's sort of
   64-bit words (False), whichever this CPU would pick (``_sort._RADIX_ORDER``)."""
-  def call(*args, **kwargs):
-    saved, _sort._RADIX_ORDER = _sort._RADIX_ORDER, radix
-    try:
-      return fn(*args, **kwargs)
-    finally:
-      _sort._RADIX_ORDER = saved
-  return call
+  return _with_setting(fn, "_RADIX_ORDER", radix)
 
 
 def _both(host, device):
