@@ -57,7 +57,7 @@ import cwsa_jax as cw  # noqa: E402
 
 KERNELS = ("ece", "calibration_bins", "aurc", "augrc", "eaurc", "risk_coverage_curve", "sweep",
            "sweep_by_group", "select_threshold", "sweep_64_models", "bootstrap_sweep",
-           "bootstrap_ci_sweep", "bootstrap_ci_aurc", "bootstrap_ci_ece")
+           "bootstrap_ci_sweep", "bootstrap_ci_aurc", "bootstrap_ci_ece", "bootstrap_ci_ece_lambda")
 CONVENTIONS = ("step", "trapezoid", "published_code")
 SWEEP_T = (10, 50, 1000)
 NUM_GROUPS = 10
@@ -275,8 +275,13 @@ def bootstrap_cases(n: int, num_resamples: int, check_resamples: int, only) -> l
           {"convention": "step", **opts},
           lambda b: cw.bootstrap_ci(aurc_fn, jc, jok, key=key, num_resamples=b),
           lambda b, idx=None: nb.bootstrap_aurc(c, ok, num_resamples=b, indices=idx)),
+      # cw.ece itself: bootstrap_ci buckets once; a lambda around it: the generic path.
       "bootstrap_ci_ece": (
-          {"binning": "width", "norm": "l1", **opts},
+          {"binning": "width", "norm": "l1", "fn": "cw.ece", **opts},
+          lambda b: cw.bootstrap_ci(cw.ece, jc, jok, key=key, num_resamples=b),
+          lambda b, idx=None: nb.bootstrap_ece(c, ok, num_resamples=b, indices=idx)),
+      "bootstrap_ci_ece_lambda": (
+          {"binning": "width", "norm": "l1", "fn": "lambda c, k: cw.ece(c, k)", **opts},
           lambda b: cw.bootstrap_ci(ece_fn, jc, jok, key=key, num_resamples=b),
           lambda b, idx=None: nb.bootstrap_ece(c, ok, num_resamples=b, indices=idx)),
   }

@@ -573,7 +573,12 @@ def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int 
   ``fn`` must be traceable by JAX: it is vmapped over chunks of
   ``chunk_size`` resamples and jitted with the rest (compiled once per ``fn``
   object: define it once and reuse it). Memory holds ``chunk_size * n``
-  resampled values at a time.
+  resampled values at a time. ``fn`` = :func:`~cwsa_jax.ece` itself (or a
+  ``functools.partial`` of it with equal-width bins, at most 64) with boolean
+  correctness is bucketed once: each resample gathers one packed word per
+  draw and sums it into the bins (the same exact sums, so the same values,
+  bit for bit); a lambda around it takes the generic path. For a sweep, see
+  :func:`bootstrap_sweep`.
 
   Args:
     fn: ``(confidences [n], correct [n]) -> metric``, where the metric is a
@@ -615,8 +620,13 @@ def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int 
   if _traced(c, k, key, level):
     return _ci_jit(fn, c, k, key, jnp.float32(level), num_resamples, chunk_size)
   estimate = _estimate_jit(fn, c, k)
-  samples = _run_blocks(lambda start, size, chunks: _block_jit(fn, c, k, key, start, size, chunks),
-                        num_resamples, chunk_size, c.shape[0])
+  ece_options = _ece_options(fn)
+  if ece_options is not None and k.dtype == jnp.bool_:  # bucket once (same values)
+    words = _ece_words(c, k, ece_options[0])
+    block = lambda start, size, chunks: _ece_block_jit(words, key, start, *ece_options, size, chunks)  # noqa: E731
+  else:
+    block = lambda start, size, chunks: _block_jit(fn, c, k, key, start, size, chunks)  # noqa: E731
+  samples = _run_blocks(block, num_resamples, chunk_size, c.shape[0])
   return BootstrapResult(estimate, *_interval_jit(samples, jnp.float32(level)))
 
 
@@ -806,6 +816,47 @@ def bootstrap_sweep(confidences, correct, thresholds, *, key, num_resamples: int
                                                    size, chunks),
       num_resamples, chunk_size, c.shape[0])
   return BootstrapResult(estimate, *_interval_jit(samples, jnp.float32(level)))
+
+
+# --- bootstrap_ci(ece): bucket once --------------------------------------------------------
+
+
+def _ece_options(fn: Callable) -> tuple[int, str] | None:
+  """(num_bins, norm) when ``fn`` is :func:`~cwsa_jax.ece`, or a keyword-only
+  ``functools.partial`` of it, with equal-width bins that fit a packed word; else None."""
+  keywords = {}
+  if isinstance(fn, functools.partial) and not fn.args:
+    fn, keywords = fn.func, dict(fn.keywords)
+  if fn is not _calibration.ece or not set(keywords) <= {"num_bins", "norm", "binning"}:
+    return None
+  num_bins, norm = keywords.get("num_bins", 15), keywords.get("norm", "l1")
+  binning = keywords.get("binning", "width")
+  _calibration._check_options(num_bins, binning, norm)  # noqa: SLF001 - ece's own errors
+  if binning != "width" or num_bins > _sweep.PACKED_MAX_BUCKETS:
+    return None
+  return int(num_bins), norm
+
+
+@functools.partial(jax.jit, static_argnames=("num_bins",))
+def _ece_words(confidences, correct, num_bins):
+  """Each sample's bin and correctness with 1 - c, one int32 word (``_sweep.pack_samples``)."""
+  bins = _calibration.bin_index(confidences, _calibration.width_edges(num_bins))
+  return _sweep.pack_samples(confidences, correct, bins)
+
+
+def _ece_of_words(num_bins: int, norm: str) -> Callable:
+  """The ECE of a resample's packed words: ``ece``'s exact per-bin sums and formula."""
+  def metric(words):
+    hi, lo = _sweep.packed_bucket_sums(words, num_bins)  # [B, 2 segments x 3 columns]
+    hi, lo = _stats.calibration_canonical(hi.reshape(-1, 3), lo.reshape(-1, 3), graded=False)
+    return _calibration.error_from_totals(_stats.calibration_totals(hi, lo), norm)
+  return metric
+
+
+@functools.partial(jax.jit, static_argnames=("num_bins", "norm", "size", "num_chunks"),
+                   **_RESAMPLING)
+def _ece_block_jit(words, key, start, num_bins, norm, size, num_chunks):
+  return _map_block(_ece_of_words(num_bins, norm), (words,), key, start, size, num_chunks)
 
 
 # --- every metric of the evaluation report, from one sort ---------------------------------
