@@ -3,7 +3,7 @@ graded kappa matches float64 references, values outside [0, 1] are rejected."""
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 import reference
 from cwsa_jax._decompose import contributions
@@ -46,6 +46,7 @@ def _sweep_stack(r):
 
 @settings(max_examples=4, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1))
+@example(seed=3958)  # its selected threshold's value rounds 1 ulp apart in the two layouts
 def test_binary_kappa_as_float_reproduces_bool(seed):
   c, binary, _ = _data(seed)
   as_float = binary.astype(np.float32)
@@ -73,7 +74,11 @@ def test_binary_kappa_as_float_reproduces_bool(seed):
         soft_cwsa_sweep(c, binary, GRID, temperature=0.05, plus=plus), atol=1e-6, rtol=0)
     np.testing.assert_allclose(soft_cwsa_band_area(c, as_float, plus=plus),
                                soft_cwsa_band_area(c, binary, plus=plus), atol=1e-6, rtol=0)
-  assert select_threshold(c, as_float) == select_threshold(c, binary)
+  # The same working point; its metric value from the graded layout's exact sums may round
+  # 1 ulp apart, as the sweep's values above (seed 3958: 0.59242690 vs 0.59242684).
+  chosen_float, chosen_bool = select_threshold(c, as_float), select_threshold(c, binary)
+  assert chosen_float[:3] == chosen_bool[:3]
+  np.testing.assert_allclose(chosen_float.value, chosen_bool.value, atol=1e-6, rtol=0)
 
 
 @settings(max_examples=10, deadline=None)
