@@ -12,6 +12,8 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from cwsa_jax import _sort
+
 
 def environment() -> dict:
   """Device, versions and machine facts recorded with every benchmark."""
@@ -31,12 +33,9 @@ def environment() -> dict:
 
 def cpu_model() -> str | None:
   """The CPU's model name (and family/model on x86 Linux), or None where /proc/cpuinfo is absent."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      info = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line)
-  except OSError:
+  info = _sort.cpuinfo_fields(_sort.read_cpuinfo())
+  if not info:
     return platform.processor() or None
-  info = {k.strip(): v.strip() for k, v in info.items()}
   parts = [info.get("model name"), info.get("vendor_id")]
   if "cpu family" in info:
     parts.append(f"family {info['cpu family']} model {info.get('model')}")
@@ -49,10 +48,7 @@ def numpy_simd() -> dict:
   It matters for the sorts: on AMD Zen 4, NumPy's AVX-512 sort (x86-simd-sort)
   is several times slower than its AVX2 one (see the README's speed section).
   """
-  try:
-    from numpy._core._multiarray_umath import __cpu_features__ as features
-  except ImportError:  # pragma: no cover - NumPy 1.x
-    from numpy.core._multiarray_umath import __cpu_features__ as features
+  features = _sort.numpy_cpu_features()
   return {"avx512_skx_dispatched": bool(features.get("AVX512_SKX")),
           "avx2_dispatched": bool(features.get("AVX2")),
           "NPY_DISABLE_CPU_FEATURES": os.environ.get("NPY_DISABLE_CPU_FEATURES")}

@@ -829,10 +829,9 @@ def _ece_options(fn: Callable) -> tuple[int, str] | None:
     fn, keywords = fn.func, dict(fn.keywords)
   if fn is not _calibration.ece or not set(keywords) <= {"num_bins", "norm", "binning"}:
     return None
+  # The options are valid here: bootstrap_ci computes the estimate, ece itself, first.
   num_bins, norm = keywords.get("num_bins", 15), keywords.get("norm", "l1")
-  binning = keywords.get("binning", "width")
-  _calibration._check_options(num_bins, binning, norm)  # noqa: SLF001 - ece's own errors
-  if binning != "width" or num_bins > _sweep.PACKED_MAX_BUCKETS:
+  if keywords.get("binning", "width") != "width" or num_bins > _sweep.PACKED_MAX_BUCKETS:
     return None
   return int(num_bins), norm
 

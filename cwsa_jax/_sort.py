@@ -120,6 +120,12 @@ def sort(keys: jax.Array, *, length: int | None = None, fill: int = 0) -> jax.Ar
   return _per_backend(_host_sort, _device_sort, keys, length=length, fill=fill)
 
 
+def cpuinfo_fields(cpuinfo: str) -> dict[str, str]:
+  """The fields of the first processor in the text of Linux's ``/proc/cpuinfo``."""
+  first = cpuinfo.split("\n\n")[0]
+  return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first.splitlines())}
+
+
 def _avx512_sort_is_slow(avx512_dispatched: bool, cpuinfo: str) -> bool:
   """True where NumPy sorts with AVX-512 (``avx512_dispatched``) on an AMD Zen 4 CPU.
 
@@ -131,21 +137,22 @@ def _avx512_sort_is_slow(avx512_dispatched: bool, cpuinfo: str) -> bool:
   run had). Zen 5 (family 26) and Intel CPUs run it fast. ``cpuinfo``: the
   text of Linux's ``/proc/cpuinfo`` (empty elsewhere: assumed fast).
   """
-  first = cpuinfo.split("\n\n")[0]
-  info = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first.splitlines())}
+  info = cpuinfo_fields(cpuinfo)
   return (avx512_dispatched and info.get("vendor_id") == "AuthenticAMD"
           and info.get("cpu family") == "25")
 
 
-def _numpy_avx512_dispatched() -> bool:
+def numpy_cpu_features() -> dict[str, bool]:
+  """The CPU features NumPy dispatches to in this process (after NPY_DISABLE_CPU_FEATURES)."""
   try:
     from numpy._core._multiarray_umath import __cpu_features__ as features
   except ImportError:  # pragma: no cover - NumPy 1.x
     from numpy.core._multiarray_umath import __cpu_features__ as features
-  return bool(features.get("AVX512_SKX"))
+  return dict(features)
 
 
-def _cpuinfo() -> str:
+def read_cpuinfo() -> str:
+  """The text of ``/proc/cpuinfo`` (its first 8 KiB; empty where there is none)."""
   try:
     with open("/proc/cpuinfo") as f:
       return f.read(8192)
@@ -155,7 +162,8 @@ def _cpuinfo() -> str:
 
 # How the host finds a stable order: NumPy's sort of 64-bit words (key, position),
 # or, where that sort is slow (above), a two-pass radix sort of 16-bit digits.
-_RADIX_ORDER = _avx512_sort_is_slow(_numpy_avx512_dispatched(), _cpuinfo())
+_RADIX_ORDER = _avx512_sort_is_slow(bool(numpy_cpu_features().get("AVX512_SKX")),
+                                    read_cpuinfo())
 
 
 def _numpy_stable_order(keys: np.ndarray) -> np.ndarray:
