@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+import reference
+
 from cwsa_jax._risk_coverage import (
     aurc, augrc, coverage_at_risk, eaurc, risk_at_coverage, risk_coverage_curve,
     risk_coverage_summary)
@@ -23,8 +25,11 @@ N = 256
 
 
 # ---------------------------------------------------------------------------
-# Slow float64 references: one threshold at a time, no sorting tricks.
+# Slow float64 references (tests/reference.py): one threshold at a time, no sorting tricks.
 # ---------------------------------------------------------------------------
+
+ref_points = reference.risk_coverage_points  # (threshold, accepted count, summed loss)
+ref_aurc = reference.aurc  # (conf, correct, convention, generalized=False)
 
 
 def _f64(conf):
@@ -32,44 +37,8 @@ def _f64(conf):
   return np.asarray(conf, np.float32).astype(np.float64)
 
 
-def ref_points(conf, correct):
-  """(threshold, accepted count, summed loss) for every distinct confidence, high to low."""
-  conf = _f64(conf)
-  loss = 1.0 - np.asarray(correct, np.float64)
-  points = []
-  for t in np.unique(conf)[::-1]:
-    accepted = conf >= t
-    points.append((t, int(accepted.sum()), float(loss[accepted].sum())))
-  return points
-
-
-def ref_published(conf, correct, generalized=False):
-  conf = _f64(conf)
-  loss = 1.0 - np.asarray(correct, np.float64)
-  n = len(conf)
-  order = np.argsort(-conf, kind="stable")  # ties in input order
-  k = np.arange(1, n + 1)
-  cum = np.cumsum(loss[order])
-  risk = cum / n if generalized else cum / k
-  cov = k / n
-  return float(np.sum((cov[1:] - cov[:-1]) * (risk[1:] + risk[:-1]) / 2))
-
-
-def ref_aurc(conf, correct, convention, generalized=False):
-  if convention == "published_code":
-    return ref_published(conf, correct, generalized)
-  n = len(conf)
-  area, prev_k, prev_r = 0.0, 0, None
-  for _, k, e in ref_points(conf, correct):
-    r = e / n if generalized else e / k
-    if convention == "step":
-      area += (k - prev_k) / n * r
-    else:
-      if prev_r is None:
-        prev_r = 0.0 if generalized else r
-      area += (k - prev_k) / n * (prev_r + r) / 2
-    prev_k, prev_r = k, r
-  return area
+def ref_published(conf, correct):
+  return reference.aurc(conf, correct, "published_code")
 
 
 def ref_min_aurc_bruteforce(correct, convention):
