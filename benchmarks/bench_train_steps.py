@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -104,7 +105,8 @@ def main() -> None:
   summary = {}
   for v in variants:
     rates = sorted(x["steps_per_s"] for x in rows if x["variant"] == v)
-    summary[v] = {"min": rates[0], "median": rates[len(rates) // 2], "max": rates[-1]}
+    summary[v] = {"min": rates[0], "median": round(statistics.median(rates), 4),
+                  "max": rates[-1]}
   if args.old_tree:
     for v in ("default", "devices=1"):
       summary[v]["median_vs_old"] = round(summary[v]["median"] / summary["old"]["median"], 3)
