@@ -82,6 +82,20 @@ def run(variant: str, args: argparse.Namespace, folder: str) -> dict:
           "seconds": float(seconds), "module": module, "load_average_before": load}
 
 
+def summarize(rows: list[dict], variants: list[str]) -> dict:
+  """Min, median and max steps/s per variant; with an "old" variant, each median over its median."""
+  summary = {}
+  for v in variants:
+    rates = sorted(x["steps_per_s"] for x in rows if x["variant"] == v)
+    summary[v] = {"min": rates[0], "median": round(statistics.median(rates), 4),
+                  "max": rates[-1]}
+  if "old" in summary:
+    for v in summary:
+      if v != "old":
+        summary[v]["median_vs_old"] = round(summary[v]["median"] / summary["old"]["median"], 3)
+  return summary
+
+
 def main() -> None:
   if "--child" in sys.argv:
     argv = [a for a in sys.argv[1:] if a != "--child"]
@@ -102,14 +116,7 @@ def main() -> None:
         rows.append({"round": r, **row})
         print(f"round {r} {v}: {row['steps_per_s']:.2f} steps/s (load {row['load_average_before']})",
               file=sys.stderr)
-  summary = {}
-  for v in variants:
-    rates = sorted(x["steps_per_s"] for x in rows if x["variant"] == v)
-    summary[v] = {"min": rates[0], "median": round(statistics.median(rates), 4),
-                  "max": rates[-1]}
-  if args.old_tree:
-    for v in ("default", "devices=1"):
-      summary[v]["median_vs_old"] = round(summary[v]["median"] / summary["old"]["median"], 3)
+  summary = summarize(rows, variants)
   payload = {"dataset": args.dataset,
              "steps": args.steps, "rounds": args.rounds, "old_tree": args.old_tree,
              "rows": rows, "summary": summary, "load_average_after": load_average()}

@@ -339,3 +339,16 @@ def test_bench_evaluate_runs_the_command_on_csv_and_parquet(tmp_path):
   for row in payload["rows"]:
     assert row["exit"] == 0, row
     assert row["wall_s"] > 0 and row["peak_rss_mb"] > 50 and row["file_mb"] > 0
+
+
+def test_train_steps_summary_takes_the_true_median_of_even_rounds():
+  import bench_train_steps  # noqa: PLC0415 (benchmarks/ is on the path above)
+  rows = [{"variant": v, "steps_per_s": r} for v, r in
+          [("old", 4.0), ("old", 5.0), ("default", 8.0), ("default", 11.0), ("devices=1", 6.0)]]
+  summary = bench_train_steps.summarize(rows, ["old", "default", "devices=1"])
+  assert summary["old"] == {"min": 4.0, "median": 4.5, "max": 5.0}
+  assert summary["default"]["median"] == 9.5
+  assert summary["default"]["median_vs_old"] == round(9.5 / 4.5, 3)
+  assert summary["devices=1"]["median_vs_old"] == round(6.0 / 4.5, 3)
+  without_old = bench_train_steps.summarize(rows[2:], ["default", "devices=1"])
+  assert "median_vs_old" not in without_old["default"]
