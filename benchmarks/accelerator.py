@@ -18,6 +18,9 @@ compilation excluded), and
 * for the AURC family, one ``lax.sort`` of the same packed int32 keys
   (``confidence bits << 1 | error``), timed interleaved with the kit. Goal:
   ``aurc`` at n = 1e8 within 2x of it;
+* for the sweep with T <= 64, one fused compare-and-reduce of the counts N
+  and A per threshold (:func:`fused_counts`, two of the sweep's four sums),
+  timed interleaved with the kit: what a scatter-free sweep could reach;
 * the batched cases: ``jax.vmap`` of the sweep over 64 models and the
   bootstraps (1000 resamples, n = 1e5).
 
@@ -102,6 +105,23 @@ def packed_sort():
   return jax.jit(sort)
 
 
+def fused_counts():
+  """Per threshold, the retained count N and correct count A in one fused compare-and-reduce.
+
+  Two of the sweep's four sums (no digit columns for U and V), read in one pass
+  with no scatter: a lower bound on what a fused-reduction sweep would take,
+  timed beside the kit for T <= :data:`FUSED_MAX_T` (the work is n T).
+  """
+  def counts(c, ok, t):
+    kept = c[:, None] >= t[None, :]
+    return (jnp.sum(kept, axis=0, dtype=jnp.int32),
+            jnp.sum(kept & ok[:, None], axis=0, dtype=jnp.int32))
+  return jax.jit(counts)
+
+
+FUSED_MAX_T = 64
+
+
 def read_floor():
   """One pass over the inputs: the fastest any kernel that reads them can be."""
   return jax.jit(lambda c, ok: jnp.sum(c) + jnp.sum(ok.astype(jnp.int32)))
@@ -117,7 +137,8 @@ def input_bytes(case: bench.Case, d: bench.Data | None) -> int | None:
 
 
 def run_case(case: bench.Case, d, *, repeats: int, check: bool, rtol: float, atol: float,
-             spec: float | None, floor_bytes_per_s: float | None, sort_fn) -> dict:
+             spec: float | None, floor_bytes_per_s: float | None, sort_fn,
+             counts_fn=None) -> dict:
   row = {"kernel": case.kernel, "options": case.options, "n": case.n}
   try:
     start = time.perf_counter()
@@ -139,6 +160,10 @@ def run_case(case: bench.Case, d, *, repeats: int, check: bool, rtol: float, ato
     if sort_fn is not None:
       fns["lax_sort_packed_key"] = lambda: sort_fn(d.jc, d.jok)
       jax.block_until_ready(fns["lax_sort_packed_key"]())
+    if counts_fn is not None:
+      t = jnp.asarray(bench.thresholds(case.options["T"]))
+      fns["fused_compare_counts"] = lambda: counts_fn(d.jc, d.jok, t)
+      jax.block_until_ready(fns["fused_compare_counts"]())
     times = interleaved_times(fns, repeats, max_seconds=30.0)
   except Exception as e:  # noqa: BLE001 - report and go on
     row["error"] = f"{type(e).__name__}: {e}"
@@ -154,6 +179,8 @@ def run_case(case: bench.Case, d, *, repeats: int, check: bool, rtol: float, ato
                                               if floor_bytes_per_s else None)
   if sort_fn is not None:
     row["ratio_kit_over_lax_sort"] = kit_min / row["times"]["lax_sort_packed_key"]["min_s"]
+  if counts_fn is not None:
+    row["ratio_kit_over_fused_counts"] = kit_min / row["times"]["fused_compare_counts"]["min_s"]
   return row
 
 
@@ -248,8 +275,10 @@ def main(argv=None) -> int:
       payload["skipped"].append({"kernel": case.kernel, "options": case.options, "n": case.n,
                                  "reason": f"past the {args.deadline_s:.0f} s deadline"})
       return
+    small_sweep = case.kernel == "sweep" and case.options.get("T", FUSED_MAX_T + 1) <= FUSED_MAX_T
     row = run_case(case, d, repeats=repeats, check=case.n <= args.check_max_n, rtol=args.rtol,
-                   atol=args.atol, spec=spec, floor_bytes_per_s=floor, sort_fn=sort_fn)
+                   atol=args.atol, spec=spec, floor_bytes_per_s=floor, sort_fn=sort_fn,
+                   counts_fn=counts_fn if small_sweep and d is not None else None)
     payload["rows"].append(row)
     save()
     if "error" in row:
@@ -267,6 +296,7 @@ def main(argv=None) -> int:
           file=sys.stderr, flush=True)
 
   sort_fn = packed_sort()
+  counts_fn = fused_counts()
   floor_fn = read_floor()
   for n in sizes:
     if late():

@@ -352,3 +352,22 @@ def test_train_steps_summary_takes_the_true_median_of_even_rounds():
   assert summary["devices=1"]["median_vs_old"] == round(6.0 / 4.5, 3)
   without_old = bench_train_steps.summarize(rows[2:], ["default", "devices=1"])
   assert "median_vs_old" not in without_old["default"]
+
+
+def test_accelerator_times_the_fused_counts_beside_small_sweeps():
+  import accelerator
+  import bench_vs_numpy
+  d = bench_vs_numpy.Data(500, use_torch=False)
+  t = bench_vs_numpy.thresholds(10)
+  n_kept, n_correct = accelerator.fused_counts()(d.jc, d.jok, t)
+  kept = d.c[:, None] >= t[None, :]
+  np.testing.assert_array_equal(n_kept, kept.sum(0))
+  np.testing.assert_array_equal(n_correct, (kept & d.ok[:, None]).sum(0))
+  (case,) = [c for c in bench_vs_numpy.sweep_cases(d, False)
+             if c.kernel == "sweep" and c.options == {"T": 10, "normalize": "retained"}]
+  row = accelerator.run_case(case, d, repeats=1, check=False, rtol=1e-6, atol=1e-7, spec=None,
+                             floor_bytes_per_s=None, sort_fn=None,
+                             counts_fn=accelerator.fused_counts())
+  assert "error" not in row, row
+  assert set(row["times"]) == {"kit", "fused_compare_counts"}
+  assert row["ratio_kit_over_fused_counts"] > 0
