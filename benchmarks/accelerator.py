@@ -275,10 +275,10 @@ def main(argv=None) -> int:
       payload["skipped"].append({"kernel": case.kernel, "options": case.options, "n": case.n,
                                  "reason": f"past the {args.deadline_s:.0f} s deadline"})
       return
-    small_sweep = case.kernel == "sweep" and case.options.get("T", FUSED_MAX_T + 1) <= FUSED_MAX_T
+    small_sweep = case.kernel == "sweep" and case.options["T"] <= FUSED_MAX_T
     row = run_case(case, d, repeats=repeats, check=case.n <= args.check_max_n, rtol=args.rtol,
                    atol=args.atol, spec=spec, floor_bytes_per_s=floor, sort_fn=sort_fn,
-                   counts_fn=counts_fn if small_sweep and d is not None else None)
+                   counts_fn=counts_fn if small_sweep else None)
     payload["rows"].append(row)
     save()
     if "error" in row:
