@@ -56,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from cwsa_jax import _dense
 from cwsa_jax import _exact
 from cwsa_jax import _sort
 from cwsa_jax import _stats
@@ -161,8 +162,10 @@ def bin_sums(confidences: jax.Array, correct: jax.Array, edges: jax.Array,
   samples gets its bins (:func:`bin_index`) and the integer columns of
   ``_stats.calibration_columns`` (binary correctness: 3 columns, the count
   split by correctness and the two 12-bit digits of ``1 - c``; graded: 6),
-  summed by one 1-D scatter-add per column (``_exact.segment_sums``), then
-  brought to the canonical layout. ``mask`` False leaves a sample out.
+  summed by one 1-D scatter-add per column (``_exact.segment_sums``; on CUDA
+  GPUs, binary samples in at most ``_dense.MAX_BUCKETS`` bins without a mask:
+  ``_dense``'s kernel, the same integers), then brought to the canonical
+  layout. ``mask`` False leaves a sample out.
   """
   num_bins = edges.shape[0] - 1
   graded = correct.dtype != jnp.bool_
@@ -175,7 +178,15 @@ def bin_sums(confidences: jax.Array, correct: jax.Array, edges: jax.Array,
     return ids, cols
 
   arrays = [confidences, correct] + ([] if mask is None else [mask])
-  hi, lo = _exact.segment_sums(columns_fn, arrays, num_segments, chunk_size=_CHUNK_SIZE)
+  scatter = lambda: _exact.segment_sums(columns_fn, arrays, num_segments,  # noqa: E731
+                                        chunk_size=_CHUNK_SIZE)
+  if mask is None and confidences.ndim == 1 and _dense.applies(
+      correct, num_bins, confidences.shape[0]):
+    per_bin = lambda: tuple(x.reshape(num_bins, -1) for x in scatter())  # noqa: E731
+    hi, lo = _dense.by_platform(per_bin, confidences, correct, edges[1:-1], clip=False)
+    hi, lo = hi.reshape(num_segments, -1), lo.reshape(num_segments, -1)
+  else:
+    hi, lo = scatter()
   return _stats.calibration_canonical(hi, lo, graded)
 
 

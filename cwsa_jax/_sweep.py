@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 
+from cwsa_jax import _dense
 from cwsa_jax import _exact
 from cwsa_jax import _stats
 from cwsa_jax import _validation
@@ -227,14 +228,27 @@ def _row_segment_sums(columns_fn, arrays, num_segments: int, rows: int, n: int):
                              with_offset=rows > 1)
 
 
-def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, masked, given):
-  """Exact per-bucket sums of samples [..., n]: one pass, leading axes as more segments."""
+def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, masked, given,
+                      dense=True):
+  """Exact per-bucket sums of samples [..., n]: one pass, leading axes as more segments.
+
+  On CUDA GPUs, binary samples in one row with few buckets take ``_dense``'s
+  kernel (same integers, no scatter) unless ``dense`` is False.
+  """
   extra = list(extra)
   known = extra.pop() if given else None
   groups = extra[0] if num_groups else None
   mask = extra[-1] if masked else None
   lead, n = confidences.shape[:-1], confidences.shape[-1]
   rows = math.prod(lead)
+  if dense and not (num_groups or masked or given) and _dense.applies(
+      correct, sorted_thresh.shape[0] + 1, n, rows=rows):
+    scatter = functools.partial(_bucket_sums_impl, confidences.reshape(-1), correct.reshape(-1),
+                                sorted_thresh, num_groups=None, masked=False, given=False,
+                                dense=False)
+    hi, lo = _dense.by_platform(scatter, confidences.reshape(-1), correct.reshape(-1),
+                                sorted_thresh, clip=True)
+    return hi.reshape(lead + hi.shape), lo.reshape(lead + lo.shape)
   buckets = _Buckets(sorted_thresh)
   if given:
     buckets.one_per_cell = None  # nothing to look up

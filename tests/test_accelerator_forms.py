@@ -92,3 +92,43 @@ def test_segment_sums_forms_agree_on_raw_columns():
   for hi, lo in (loop, at_once):
     assert np.all((0 <= np.asarray(lo)) & (np.asarray(lo) < 4096))
     np.testing.assert_array_equal(np.asarray(hi, np.int64) * 4096 + np.asarray(lo), want)
+
+
+def _dense_kernels():
+  return {
+      "sweep": lambda: cj.sweep(C, OK, T),
+      "sweep_default_grid": lambda: cj.sweep(C, OK, cj.default_thresholds()),
+      "sweep_unsorted_nan_threshold": lambda: jax.jit(cj.sweep)(
+          C, OK, jnp.asarray([0.7, jnp.nan, 0.2, 0.7], jnp.float32)),
+      "coverage_one_threshold": lambda: cj.coverage(C, 0.5),
+      "select_threshold": lambda: cj.select_threshold(C, OK, min_coverage=0.5),
+      "ece_width": lambda: cj.ece(C, OK),
+      "ece_mass": lambda: cj.ece(C, OK, binning="mass"),
+      "calibration_bins_63": lambda: cj.calibration_bins(C, OK, num_bins=63),
+      "ece_vmapped": lambda: jax.vmap(cj.ece)(C[:300_000].reshape(3, -1), OK[:300_000].reshape(3, -1)),
+      "sweep_graded_keeps_scatter": lambda: cj.sweep(C, KAPPA, T),
+  }
+
+
+@pytest.mark.parametrize("name", list(_dense_kernels()))
+def test_dense_gpu_form_equals_cpu_form(name, monkeypatch):
+  """The CUDA kernel of ``_dense`` (through Pallas' interpreter) gives the scatter path's integers."""
+  from cwsa_jax import _dense
+  want = jax.tree.map(np.asarray, _dense_kernels()[name]())
+  calls = []
+
+  def cuda_form(*args, cuda, default):
+    calls.append(name)
+    return cuda(*args)
+
+  monkeypatch.setattr(_dense, "_by_platform", cuda_form)
+  monkeypatch.setattr(_dense, "INTERPRET", True)
+  jax.clear_caches()
+  try:
+    got = jax.tree.map(np.asarray, _dense_kernels()[name]())
+  finally:
+    jax.clear_caches()
+  assert bool(calls) == (name != "sweep_graded_keeps_scatter")
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(a, b)

@@ -1,0 +1,154 @@
+"""The dense kernel of ``cwsa_jax._dense`` against the scatter path it replaces, on a GPU.
+
+Usage: python benchmarks/gpu_dense.py [--n 1e8] [--out FILE] [--repeats 10]
+       python benchmarks/gpu_dense.py --quick     (small n, Pallas' interpreter: runs on a CPU)
+
+For a sweep of T = 10 and T = 50 thresholds and the 15 equal-width bins of
+the ECE, on ``c ~ U(0.3, 1)`` float32 and ``correct ~ Bernoulli(c)``:
+
+* the exact per-bucket sums of the scatter path (``_exact.segment_sums``, as
+  on every backend before ``_dense``) and of the dense kernel in several
+  launch configurations (samples per block, warps, samples per program),
+  each checked equal to the scatter path's integers, bit for bit, before
+  timing;
+* the public ``sweep`` / ``ece`` with the dense kernel on and off (each
+  compiled ahead of time with ``_dense.ENABLED`` set), results compared;
+* one read of the inputs (``jnp.sum``), the floor of any kernel.
+
+All timed interleaved (min and median), compilation excluded; bytes read are
+5 n (float32 c, bool correct), also given as a fraction of the spec bandwidth
+(``accelerator.spec_bandwidth``). Prints a table on stderr and the JSON on
+stdout (and to ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import accelerator  # noqa: E402
+from _common import environment, interleaved_times, summarize, write_json_atomic  # noqa: E402
+
+import cwsa_jax as cj  # noqa: E402
+from cwsa_jax import _calibration, _dense, _sweep  # noqa: E402
+
+# (samples per block (None: the library's default), warps, samples per program)
+CONFIGS = ((None, 4, 1 << 16), (128, 4, 1 << 16), (256, 4, 1 << 16), (512, 4, 1 << 16), (256, 8, 1 << 16),
+           (512, 8, 1 << 16), (1024, 8, 1 << 16), (256, 4, 1 << 18), (512, 8, 1 << 18))
+QUICK_CONFIGS = ((None, 4, 1 << 13), (128, 4, 1 << 12), (256, 4, 1 << 13))
+
+
+def cases():
+  grid = lambda t: np.sort(np.asarray(t, np.float32))  # noqa: E731
+  return {
+      "sweep_T10": dict(rows=grid(np.arange(10) / 20 + 0.5), clip=True,
+                        public=lambda t: lambda c, k: cj.sweep(c, k, t)),
+      "sweep_T50": dict(rows=grid(cj.default_thresholds()), clip=True,
+                        public=lambda t: lambda c, k: cj.sweep(c, k, t)),
+      "ece_15_bins": dict(rows=np.asarray(_calibration.width_edges(15))[1:-1], clip=False,
+                          public=lambda t: lambda c, k: cj.ece(c, k)),
+  }
+
+
+def compiled(fn, enabled: bool, *args):
+  """``jax.jit(fn)`` compiled ahead of time with ``_dense.ENABLED = enabled`` (fixed afterwards)."""
+  saved = _dense.ENABLED
+  _dense.ENABLED = enabled
+  jax.clear_caches()
+  try:
+    return jax.jit(fn).lower(*args).compile()
+  finally:
+    _dense.ENABLED = saved
+    jax.clear_caches()
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--n", type=float, default=1e8)
+  parser.add_argument("--repeats", type=int, default=10)
+  parser.add_argument("--quick", action="store_true")
+  parser.add_argument("--out", default=None)
+  args = parser.parse_args(argv)
+  n = 50_000 if args.quick else int(args.n)
+  configs = QUICK_CONFIGS if args.quick else CONFIGS
+  if args.quick:
+    _dense.INTERPRET = True
+  device = jax.devices()[0]
+  kind = getattr(device, "device_kind", "")
+  spec = accelerator.spec_bandwidth(kind)
+  key_c, key_k = jax.random.split(jax.random.key(0))
+  c = jax.random.uniform(key_c, (n,), jnp.float32, 0.3, 1.0)
+  ok = jax.random.uniform(key_k, (n,), jnp.float32) < c
+  nbytes = 5 * n
+  payload = {"benchmark": "gpu_dense", **environment(), "device_kind": kind,
+             "spec_memory_bandwidth_bytes_per_s": spec, "n": n, "repeats": args.repeats,
+             "data": "c ~ U(0.3, 1) float32, correct with probability c (jax.random key 0)",
+             "cases": {}}
+  floor_fn = jax.jit(lambda c, k: jnp.sum(c) + jnp.sum(k.astype(jnp.int32)))
+  jax.block_until_ready(floor_fn(c, ok))
+  print(f"device {kind}; n = {n:.0e}; spec {spec or float('nan'):.3g} B/s", file=sys.stderr)
+  for name, case in cases().items():
+    rows = jnp.asarray(case["rows"])
+    out = {"rows": int(rows.shape[0]), "configs": {}}
+    payload["cases"][name] = out
+    scatter = jax.jit(functools.partial(_sweep._bucket_sums_impl, num_groups=None, masked=False,
+                                        given=False, dense=False))
+    want = [np.asarray(x) for x in scatter(c, ok, rows)]
+    fns = {"read_floor": lambda: floor_fn(c, ok), "scatter_sums": lambda: scatter(c, ok, rows)}
+    for block, warps, per_program in configs:
+      label = f"dense_b{block or 'auto'}_w{warps}_p{per_program}"
+      fn = jax.jit(functools.partial(_dense.bucket_sums, clip=case["clip"], block=block,
+                                     per_program=per_program, num_warps=warps))
+      try:
+        got = [np.asarray(x) for x in fn(c, ok, rows)]
+      except Exception as e:  # noqa: BLE001 - report and go on
+        out["configs"][label] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+        print(f"{name} {label}: ERROR {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+        continue
+      exact = all(np.array_equal(a, b) for a, b in zip(got, want))
+      out["configs"][label] = {"exact": exact}
+      if exact:
+        fns[label] = functools.partial(fn, c, ok, rows)
+    public = case["public"](rows if name.startswith("sweep") else None)
+    try:
+      on = compiled(public, True, c, ok)
+      off = compiled(public, False, c, ok)
+      a, b = jax.tree.leaves(on(c, ok)), jax.tree.leaves(off(c, ok))
+      out["public_equal"] = all(np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
+                                for x, y in zip(a, b))
+      fns["public_dense_on"] = lambda: on(c, ok)
+      fns["public_dense_off"] = lambda: off(c, ok)
+    except Exception as e:  # noqa: BLE001
+      out["public_error"] = f"{type(e).__name__}: {str(e)[:400]}"
+      print(f"{name} public: ERROR {str(e)[:200]}", file=sys.stderr)
+    for fn in fns.values():
+      jax.block_until_ready(fn())
+    times = interleaved_times(fns, args.repeats, max_seconds=20.0)
+    out["times"] = {}
+    for label, t in times.items():
+      s = summarize(t)
+      s["bytes_read_per_s"] = nbytes / s["min_s"]
+      s["fraction_of_spec_bandwidth"] = nbytes / s["min_s"] / spec if spec else None
+      out["times"][label] = s
+      print(f"{name:<12} {label:<28} {s['min_s'] * 1e3:9.3f} ms {s['median_s'] * 1e3:9.3f} ms "
+            f"{s['bytes_read_per_s'] / 1e9:8.1f} GB/s {s['fraction_of_spec_bandwidth'] or float('nan'):6.3f}"
+            f"  {out['configs'].get(label, {}).get('exact', '')}", file=sys.stderr, flush=True)
+    print(f"{name}: public results equal with the kernel on and off: {out.get('public_equal')}",
+          file=sys.stderr)
+    if args.out:
+      write_json_atomic(args.out, payload)
+  print(json.dumps(payload, indent=1))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

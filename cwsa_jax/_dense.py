@@ -1,0 +1,181 @@
+"""Per-bucket exact sums on NVIDIA GPUs: one pass, threshold masks times digit columns on the tensor cores.
+
+On a GPU the scatter-adds of ``_exact.segment_sums`` contend for the few
+buckets of a sweep or an ECE (every sample adds into one of 2 (T + 1)
+segments). For few buckets this module computes the same exact integers
+without a scatter. With the rows ``r_0 = -inf < r_1 <= ... <= r_T`` (the
+sorted thresholds, or the interior bin edges), each chunk of samples gives
+the per-row sums
+
+.. math::
+
+  G_{r,j} = \\sum_i [c_i \\ge r_r] \\, x_{ij}
+
+as one matrix product ``mask^T @ X`` of the 0/1 mask [chunk, R] and the
+digit columns X [chunk, 16]: the count, the four base-64 digits of
+``u = (1 - c) 2^24`` (``u_hi = u >> 12`` and ``u_lo = u & 4095``, two digits
+each) and the same five times ``correct``. Every operand is an integer of at
+most 64, exact in bfloat16, and every sum of a chunk of at most 2^18 samples
+stays at most 2^24, exact in the float32 accumulator. Bucket ``b`` (the
+samples with exactly ``b`` rows above ``r_0`` at or below ``c``) is then
+``G_b - G_{b+1}``, an exact int32 difference, brought to the ``(hi, lo)``
+layout of ``_stats.segment_columns``: bit for bit the sums of the scatter
+path, so results and states do not depend on the backend.
+
+The kernel (Pallas, Triton backend) reads each confidence and correctness
+once. It is used for binary correctness, one row of samples, at most
+:data:`MAX_BUCKETS` buckets and no mask, groups or given buckets; everything
+else, and every other backend, keeps the scatter path. Tests run it on the
+CPU through Pallas' interpreter (:data:`INTERPRET`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from cwsa_jax import _exact
+
+# Buckets (T + 1) the dense kernel handles: its mask has at most 64 rows.
+MAX_BUCKETS = 64
+# Digit columns of X: count, 4 digits of u, and the same times correct (10), padded to 16.
+_WIDTH = 16
+_USED = 10
+# Samples per program: its sums stay <= 64 * 2^18 = 2^24, exact in float32.
+_PER_PROGRAM = 1 << 16
+# Samples per step of a program: its mask [block, R] holds about 2^14 entries.
+_MASK_ENTRIES = 1 << 14
+_NUM_WARPS = 4
+# The tests set this to run the kernel through Pallas' interpreter on the CPU.
+INTERPRET = False
+# Off: every platform keeps the scatter path (a benchmark's A/B switch).
+ENABLED = True
+
+
+def applies(correct: jax.Array, num_buckets: int, n: int, *, rows: int = 1) -> bool:
+  """Whether :func:`bucket_sums` handles these samples (static shapes and dtypes only)."""
+  return (ENABLED and correct.dtype == jnp.bool_ and rows == 1 and n >= 1
+          and 2 <= num_buckets <= MAX_BUCKETS)
+
+
+def _num_rows(num_buckets: int) -> int:
+  return max(16, 1 << (num_buckets - 1).bit_length())
+
+
+# Per digit column j: (shift, mask, times correct) of w = u | 2^25 (bit 25 gives the count).
+_SHIFTS = (25, 18, 12, 6, 0) * 2 + (0,) * (_WIDTH - _USED)
+_MASKS = (1, 127, 63, 63, 63) * 2 + (0,) * (_WIDTH - _USED)
+
+
+def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, clip):
+  from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU module, on use)
+  first = pl.program_id(0) * (block * steps)
+  rows = rows_ref[...]
+  lane = lax.broadcasted_iota(jnp.int32, (1, _WIDTH), 1)
+  shifts = jnp.zeros((1, _WIDTH), jnp.int32)
+  masks = jnp.zeros((1, _WIDTH), jnp.int32)
+  for j in range(_USED):
+    shifts = jnp.where(lane == j, _SHIFTS[j], shifts)
+    masks = jnp.where(lane == j, _MASKS[j], masks)
+  times_correct = lane >= _USED // 2
+
+  def body(i, acc):
+    start = i * block
+    # The last program's block runs past n: masked loads, and the mask drops those samples.
+    valid = first + start + lax.broadcasted_iota(jnp.int32, (block,), 0) < n
+    c = plgpu.load(c_ref.at[pl.ds(start, block)], mask=valid, other=0.0)
+    k = plgpu.load(k_ref.at[pl.ds(start, block)], mask=valid, other=False)
+    unit = jnp.minimum(jnp.maximum(c, 0.0), 1.0)
+    if clip:
+      c = unit
+    w = ((1.0 - unit) * 16777216.0).astype(jnp.int32) | (1 << 25)
+    wk = jnp.where(k, w, 0)
+    source = jnp.where(times_correct, wk[:, None], w[:, None])
+    digits = (lax.shift_right_logical(source, shifts) & masks).astype(jnp.float32)
+    keep = (c[:, None] >= rows[None, :]) & valid[:, None]
+    mask = jnp.where(keep, 1.0, 0.0).astype(jnp.bfloat16)
+    digits = digits.astype(jnp.bfloat16)
+    return acc + lax.dot_general(mask, digits, (((0,), (0,)), ((), ())),
+                                 preferred_element_type=jnp.float32)
+
+  acc = lax.fori_loop(0, steps, body, jnp.zeros((rows.shape[0], _WIDTH), jnp.float32))
+  out_ref[...] = acc.astype(jnp.int32)
+
+
+def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, clip: bool,
+             block: int | None = None, per_program: int = _PER_PROGRAM,
+             num_warps: int = _NUM_WARPS) -> jax.Array:
+  """int32 [programs, R, 16]: per program (``per_program`` samples), the sums ``G`` of each row.
+
+  ``rows`` is float32 [R] (R a power of two >= 16; ``-inf`` counts every
+  sample, ``+inf`` none). ``block`` samples per step (default: about
+  2^14 / R, in [128, 1024]), ``per_program`` (<= 2^18) per program. ``clip`` compares ``clip(c, 0, 1)`` with the rows
+  (the sweep) rather than ``c`` (the calibration bins).
+  """
+  from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU module, on use)
+  n = confidences.shape[0]
+  num_rows = rows.shape[0]
+  if not 0 < per_program <= 1 << 18:
+    raise ValueError(f"per_program must be in (0, 2^18] (float32 sums exact), got {per_program}")
+  block = min(per_program, block or min(1024, max(128, _MASK_ENTRIES // num_rows)))
+  steps = per_program // block
+  num_programs = pl.cdiv(n, per_program)
+  kernel = functools.partial(_kernel, n=n, block=block, steps=steps, clip=clip)
+  return pl.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct((num_programs, num_rows, _WIDTH), jnp.int32),
+      grid=(num_programs,),
+      in_specs=[pl.BlockSpec((num_rows,), lambda p: (0,)),
+                pl.BlockSpec((per_program,), lambda p: (p,)),
+                pl.BlockSpec((per_program,), lambda p: (p,))],
+      out_specs=pl.BlockSpec((None, num_rows, _WIDTH), lambda p: (p, 0, 0)),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=2),
+      interpret=INTERPRET,
+      name="cwsa_dense_row_sums",
+  )(rows, confidences.astype(jnp.float32), correct)
+
+
+def _bucket_table(sums: jax.Array, num_buckets: int) -> tuple[jax.Array, jax.Array]:
+  """Exact per-bucket ``(hi, lo)`` [T + 1, 6] of :func:`row_sums`' [programs, R, 16]."""
+  g = sums[:, :num_buckets + 1] if sums.shape[1] > num_buckets else jnp.pad(
+      sums, ((0, 0), (0, 1), (0, 0)))
+  per_bucket = g[:, :-1] - g[:, 1:]  # [P, T + 1, 16], exact and non-negative
+  col = lambda j: per_bucket[..., j]  # noqa: E731
+  both = [col(0), 64 * col(1) + col(2), 64 * col(3) + col(4)]
+  right = [col(5), 64 * col(6) + col(7), 64 * col(8) + col(9)]
+  wrong = [a - b for a, b in zip(both, right)]
+  table = jnp.stack([jnp.stack(wrong, -1), jnp.stack(right, -1)], axis=-2)  # [P, T + 1, 2, 3]
+  hi, lo = _exact.split(table)
+  hi, lo = _exact.canonical(jnp.sum(hi, axis=0), jnp.sum(lo, axis=0))
+  return hi.reshape(num_buckets, -1), lo.reshape(num_buckets, -1)
+
+
+def bucket_sums(confidences: jax.Array, correct: jax.Array, sorted_rows: jax.Array, *,
+                clip: bool, **options) -> tuple[jax.Array, jax.Array]:
+  """Exact per-bucket ``(hi, lo)`` [T + 1, 6] of binary samples [n], bucket = #rows <= c.
+
+  The sums of ``_stats.segment_columns`` with segment ``2 bucket + correct``,
+  bit for bit, for ``sorted_rows`` [T] ascending (T + 1 <= :data:`MAX_BUCKETS`).
+  """
+  num_buckets = sorted_rows.shape[0] + 1
+  size = _num_rows(num_buckets)
+  rows = jnp.concatenate([jnp.full((1,), -jnp.inf, jnp.float32), sorted_rows.astype(jnp.float32),
+                          jnp.full((size - num_buckets,), jnp.inf, jnp.float32)])
+  sums = row_sums(confidences, correct, rows, clip=clip, **options)
+  return _bucket_table(sums, num_buckets)
+
+
+def by_platform(fallback, confidences: jax.Array, correct: jax.Array, sorted_rows: jax.Array,
+                *, clip: bool) -> tuple[jax.Array, jax.Array]:
+  """:func:`bucket_sums` on CUDA GPUs, ``fallback()`` (the scatter path) elsewhere."""
+  return _by_platform(confidences, correct, sorted_rows,
+                      cuda=functools.partial(bucket_sums, clip=clip),
+                      default=lambda *args: fallback())
+
+
+# Picks the form when the computation is lowered (tests call the CUDA form on the CPU).
+_by_platform = lax.platform_dependent
