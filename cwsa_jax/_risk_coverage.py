@@ -253,14 +253,21 @@ def _scan_sequential(keys: jax.Array, losses: jax.Array, carry: _Carry):
   return carry._replace(key=keys[-1]), (new, prev_key, cum, start, before, groups)
 
 
+# Binary losses: each slot's group start and the E before it by running maxima (True) or
+# by a scatter of the starts and a gather (False; the form for graded losses, whose
+# tree-summed E need not be monotone). An A/B switch for benchmarks/gpu_dense.py.
+STARTS_BY_RUNNING_MAX = True
+
+
 def _scan_parallel(keys: jax.Array, losses: jax.Array, carry: _Carry):
   """One chunk as parallel prefix sums, and each slot's group start by one scatter and a gather.
 
   Integer running sums are ``lax.cumsum`` (one library scan on GPUs); float
   losses use a tree-shaped scan (``associative_scan``, rounding error
-  O(log n)). The group starts are written to a table indexed by the group
-  number (each start its own entry) and read back at every slot, instead of
-  running-maximum scans.
+  O(log n)). Binary losses: each slot's group start and the E before it are
+  running maxima (:data:`STARTS_BY_RUNNING_MAX`); graded losses: the group
+  starts are written to a table indexed by the group number (each start its
+  own entry) and read back at every slot.
   """
   size = keys.shape[0]
   k = carry.k + lax.iota(jnp.int32, size)
@@ -275,13 +282,19 @@ def _scan_parallel(keys: jax.Array, losses: jax.Array, carry: _Carry):
   cum = shifted(carry.cum, cum_incl)
   local = lax.cumsum(new.astype(jnp.int32))  # group starts in this chunk at slots <= k
   groups_incl = carry.groups + local
-  # Entry j: slot and E before slot of the chunk's (j + 1)-th group start.
-  at = jnp.where(new, local - 1, size + lax.iota(jnp.int32, size))  # distinct; the rest dropped
-  starts = jnp.zeros((size,), jnp.int32).at[at].set(k, mode="drop", unique_indices=True)
-  befores = jnp.zeros((size,), cum.dtype).at[at].set(cum, mode="drop", unique_indices=True)
-  latest = jnp.maximum(local - 1, 0)
-  start_incl = jnp.where(local > 0, starts[latest], carry.start)
-  before_incl = jnp.where(local > 0, befores[latest], carry.before)
+  if losses.dtype == jnp.int32 and STARTS_BY_RUNNING_MAX:
+    # k increases and the integer E never decreases: the latest start and the E
+    # before it are running maxima over the starts (two scans, no scatter).
+    start_incl = jnp.where(local > 0, lax.cummax(jnp.where(new, k, 0)), carry.start)
+    before_incl = jnp.where(local > 0, lax.cummax(jnp.where(new, cum, 0)), carry.before)
+  else:
+    # Entry j: slot and E before slot of the chunk's (j + 1)-th group start.
+    at = jnp.where(new, local - 1, size + lax.iota(jnp.int32, size))  # distinct; rest dropped
+    starts = jnp.zeros((size,), jnp.int32).at[at].set(k, mode="drop", unique_indices=True)
+    befores = jnp.zeros((size,), cum.dtype).at[at].set(cum, mode="drop", unique_indices=True)
+    latest = jnp.maximum(local - 1, 0)
+    start_incl = jnp.where(local > 0, starts[latest], carry.start)
+    before_incl = jnp.where(local > 0, befores[latest], carry.before)
   out = (new, prev_key, cum, shifted(carry.start, start_incl), shifted(carry.before, before_incl),
          shifted(carry.groups, groups_incl))
   return _Carry(cum_incl[-1], carry.compensation, start_incl[-1], before_incl[-1], keys[-1],

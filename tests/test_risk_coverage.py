@@ -474,9 +474,12 @@ def _kernels(sequential):
           jax.jit(functools.partial(rc._coverage_at_risk_kernel, sequential=sequential)))
 
 
-@pytest.mark.parametrize("graded", [False, True])
-def test_parallel_scan_equals_sequential_scan_across_chunks(graded):
-  # 40,000 samples: three CPU chunks, with tie groups straddling their borders.
+@pytest.mark.parametrize("graded,running_max", [(False, True), (False, False), (True, True)])
+def test_parallel_scan_equals_sequential_scan_across_chunks(graded, running_max, monkeypatch):
+  # 40,000 samples: three CPU chunks, with tie groups straddling their borders. Binary
+  # losses: the group starts by running maxima and by scatter and gather.
+  from cwsa_jax import _risk_coverage as rc
+  monkeypatch.setattr(rc, "STARTS_BY_RUNNING_MAX", running_max)
   rng = np.random.default_rng(11)
   conf, correct = random_case(rng, 40_000, decimals=3)
   kappa = rng.random(40_000).astype(np.float32) if graded else correct

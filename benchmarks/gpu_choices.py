@@ -1,7 +1,7 @@
-"""The dense kernel of ``cwsa_jax._dense`` against the scatter path it replaces, on a GPU.
+"""The kit's GPU forms against the forms they replace, on a GPU: exactness first, then time.
 
-Usage: python benchmarks/gpu_dense.py [--n 1e8] [--out FILE] [--repeats 10]
-       python benchmarks/gpu_dense.py --quick     (small n, Pallas' interpreter: runs on a CPU)
+Usage: python benchmarks/gpu_choices.py [--n 1e8] [--out FILE] [--repeats 10]
+       python benchmarks/gpu_choices.py --quick     (small n, Pallas' interpreter: runs on a CPU)
 
 For a sweep of T = 10 and T = 50 thresholds and the 15 equal-width bins of
 the ECE, on ``c ~ U(0.3, 1)`` float32 and ``correct ~ Bernoulli(c)``:
@@ -14,6 +14,11 @@ the ECE, on ``c ~ U(0.3, 1)`` float32 and ``correct ~ Bernoulli(c)``:
 * the public ``sweep`` / ``ece`` with the dense kernel on and off (each
   compiled ahead of time with ``_dense.ENABLED`` set), results compared;
 * one read of the inputs (``jnp.sum``), the floor of any kernel.
+
+And for the AURC family (``aurc`` "step" and "trapezoid", ``risk_coverage_curve``):
+the parallel scan's group starts by running maxima
+(``_risk_coverage.STARTS_BY_RUNNING_MAX``) against a scatter and a gather,
+results compared, beside one ``lax.sort`` of the packed keys.
 
 All timed interleaved (min and median), compilation excluded; bytes read are
 5 n (float32 c, bool correct), also given as a fraction of the spec bandwidth
@@ -59,16 +64,60 @@ def cases():
   }
 
 
-def compiled(fn, enabled: bool, *args):
-  """``jax.jit(fn)`` compiled ahead of time with ``_dense.ENABLED = enabled`` (fixed afterwards)."""
-  saved = _dense.ENABLED
-  _dense.ENABLED = enabled
+def compiled(fn, module, switch: str, value: bool, *args):
+  """``jax.jit(fn)`` compiled ahead of time with ``module.switch = value`` (fixed afterwards)."""
+  saved = getattr(module, switch)
+  setattr(module, switch, value)
   jax.clear_caches()
   try:
     return jax.jit(fn).lower(*args).compile()
   finally:
-    _dense.ENABLED = saved
+    setattr(module, switch, saved)
     jax.clear_caches()
+
+
+def report(name: str, label: str, s: dict, note="") -> None:
+  print(f"{name:<12} {label:<28} {s['min_s'] * 1e3:9.3f} ms {s['median_s'] * 1e3:9.3f} ms "
+        f"{s['bytes_read_per_s'] / 1e9:8.1f} GB/s {s['fraction_of_spec_bandwidth'] or float('nan'):6.3f}"
+        f"  {note}", file=sys.stderr, flush=True)
+
+
+def timed(fns: dict, repeats: int, nbytes: int, spec) -> dict:
+  for fn in fns.values():
+    jax.block_until_ready(fn())
+  out = {}
+  for label, t in interleaved_times(fns, repeats, max_seconds=20.0).items():
+    s = summarize(t)
+    s["bytes_read_per_s"] = nbytes / s["min_s"]
+    s["fraction_of_spec_bandwidth"] = nbytes / s["min_s"] / spec if spec else None
+    out[label] = s
+  return out
+
+
+def rank_cases(c, ok, repeats, nbytes, spec, payload) -> None:
+  """The AURC family with the group starts by running maxima and by scatter and gather."""
+  from cwsa_jax import _risk_coverage
+  sort_fn = accelerator.packed_sort()
+  for name, fn in {"aurc_step": lambda c, k: cj.aurc(c, k),
+                   "aurc_trapezoid": lambda c, k: cj.aurc(c, k, convention="trapezoid"),
+                   "curve": lambda c, k: cj.risk_coverage_curve(c, k)}.items():
+    out = {}
+    payload["cases"][name] = out
+    try:
+      new = compiled(fn, _risk_coverage, "STARTS_BY_RUNNING_MAX", True, c, ok)
+      old = compiled(fn, _risk_coverage, "STARTS_BY_RUNNING_MAX", False, c, ok)
+      a, b = jax.tree.leaves(new(c, ok)), jax.tree.leaves(old(c, ok))
+      out["equal"] = all(np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
+                         for x, y in zip(a, b))
+    except Exception as e:  # noqa: BLE001 - report and go on
+      out["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+      print(f"{name}: ERROR {str(e)[:200]}", file=sys.stderr)
+      continue
+    out["times"] = timed({"running_max": lambda: new(c, ok), "scatter_gather": lambda: old(c, ok),
+                          "lax_sort_packed_key": lambda: sort_fn(c, ok)}, repeats, nbytes, spec)
+    for label, s in out["times"].items():
+      report(name, label, s)
+    print(f"{name}: results equal: {out['equal']}", file=sys.stderr)
 
 
 def main(argv=None) -> int:
@@ -78,6 +127,7 @@ def main(argv=None) -> int:
   parser.add_argument("--quick", action="store_true")
   parser.add_argument("--out", default=None)
   args = parser.parse_args(argv)
+  start = time.perf_counter()
   n = 50_000 if args.quick else int(args.n)
   configs = QUICK_CONFIGS if args.quick else CONFIGS
   if args.quick:
@@ -89,7 +139,7 @@ def main(argv=None) -> int:
   c = jax.random.uniform(key_c, (n,), jnp.float32, 0.3, 1.0)
   ok = jax.random.uniform(key_k, (n,), jnp.float32) < c
   nbytes = 5 * n
-  payload = {"benchmark": "gpu_dense", **environment(), "device_kind": kind,
+  payload = {"benchmark": "gpu_choices", **environment(), "device_kind": kind,
              "spec_memory_bandwidth_bytes_per_s": spec, "n": n, "repeats": args.repeats,
              "data": "c ~ U(0.3, 1) float32, correct with probability c (jax.random key 0)",
              "cases": {}}
@@ -120,8 +170,8 @@ def main(argv=None) -> int:
         fns[label] = functools.partial(fn, c, ok, rows)
     public = case["public"](rows if name.startswith("sweep") else None)
     try:
-      on = compiled(public, True, c, ok)
-      off = compiled(public, False, c, ok)
+      on = compiled(public, _dense, "ENABLED", True, c, ok)
+      off = compiled(public, _dense, "ENABLED", False, c, ok)
       a, b = jax.tree.leaves(on(c, ok)), jax.tree.leaves(off(c, ok))
       out["public_equal"] = all(np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
                                 for x, y in zip(a, b))
@@ -130,22 +180,17 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001
       out["public_error"] = f"{type(e).__name__}: {str(e)[:400]}"
       print(f"{name} public: ERROR {str(e)[:200]}", file=sys.stderr)
-    for fn in fns.values():
-      jax.block_until_ready(fn())
-    times = interleaved_times(fns, args.repeats, max_seconds=20.0)
-    out["times"] = {}
-    for label, t in times.items():
-      s = summarize(t)
-      s["bytes_read_per_s"] = nbytes / s["min_s"]
-      s["fraction_of_spec_bandwidth"] = nbytes / s["min_s"] / spec if spec else None
-      out["times"][label] = s
-      print(f"{name:<12} {label:<28} {s['min_s'] * 1e3:9.3f} ms {s['median_s'] * 1e3:9.3f} ms "
-            f"{s['bytes_read_per_s'] / 1e9:8.1f} GB/s {s['fraction_of_spec_bandwidth'] or float('nan'):6.3f}"
-            f"  {out['configs'].get(label, {}).get('exact', '')}", file=sys.stderr, flush=True)
+    out["times"] = timed(fns, args.repeats, nbytes, spec)
+    for label, s in out["times"].items():
+      report(name, label, s, out["configs"].get(label, {}).get("exact", ""))
     print(f"{name}: public results equal with the kernel on and off: {out.get('public_equal')}",
           file=sys.stderr)
     if args.out:
       write_json_atomic(args.out, payload)
+  rank_cases(c, ok, args.repeats, nbytes, spec, payload)
+  payload["elapsed_s"] = time.perf_counter() - start
+  if args.out:
+    write_json_atomic(args.out, payload)
   print(json.dumps(payload, indent=1))
   return 0
 
