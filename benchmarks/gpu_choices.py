@@ -8,12 +8,14 @@ the ECE, on ``c ~ U(0.3, 1)`` float32 and ``correct ~ Bernoulli(c)``:
 
 * the exact per-bucket sums of the scatter path (``_exact.segment_sums``, as
   on every backend before ``_dense``) and of the dense kernel in several
-  launch configurations (samples per block, warps, samples per program),
+  forms (bfloat16 or int8 operands) and launch configurations (samples per
+  block, warps),
   each checked equal to the scatter path's integers, bit for bit, before
   timing;
 * the public ``sweep`` / ``ece`` with the dense kernel on and off (each
   compiled ahead of time with ``_dense.ENABLED`` set), results compared;
-* one read of the inputs (``jnp.sum``), the floor of any kernel.
+* one read of the inputs (``jnp.sum``), the floor of any kernel;
+* ``jax.vmap`` of the sweep over 64 models of 10^5 samples, the kernel on and off.
 
 And for the AURC family (``aurc`` "step" and "trapezoid", ``risk_coverage_curve``):
 the parallel scan's group starts by running maxima
@@ -46,10 +48,11 @@ from _common import environment, interleaved_times, summarize, write_json_atomic
 import cwsa_jax as cj  # noqa: E402
 from cwsa_jax import _calibration, _dense, _sweep  # noqa: E402
 
-# (samples per block (None: the library's default), warps, samples per program)
-CONFIGS = ((None, 4, 1 << 16), (128, 4, 1 << 16), (256, 4, 1 << 16), (512, 4, 1 << 16), (256, 8, 1 << 16),
-           (512, 8, 1 << 16), (1024, 8, 1 << 16), (256, 4, 1 << 18), (512, 8, 1 << 18))
-QUICK_CONFIGS = ((None, 4, 1 << 13), (128, 4, 1 << 12), (256, 4, 1 << 13))
+# (operand form, samples per block, warps, samples per program); None: the library's default
+CONFIGS = (("bf16", None, 4, None), ("bf16", 128, 4, None), ("bf16", 256, 4, None),
+           ("bf16", 512, 4, None), ("bf16", 256, 8, None), ("int8", None, 4, None),
+           ("int8", 256, 4, None), ("int8", 512, 4, None))
+QUICK_CONFIGS = (("bf16", None, 4, None), ("int8", 128, 4, 1 << 12))
 
 
 def cases():
@@ -92,6 +95,28 @@ def timed(fns: dict, repeats: int, nbytes: int, spec) -> dict:
     s["fraction_of_spec_bandwidth"] = nbytes / s["min_s"] / spec if spec else None
     out[label] = s
   return out
+
+
+def models_case(repeats, spec, payload, quick) -> None:
+  """``jax.vmap`` of the sweep (T = 50) over 64 models of 10^5 samples, the kernel on and off."""
+  models, n = (4, 5000) if quick else (64, 100_000)
+  key_c, key_k = jax.random.split(jax.random.key(1))
+  c = jax.random.uniform(key_c, (models, n), jnp.float32, 0.3, 1.0)
+  ok = jax.random.uniform(key_k, (models, n), jnp.float32) < c
+  t = jnp.asarray(cj.default_thresholds())
+  fn = jax.vmap(lambda c, k: cj.sweep(c, k, t))
+  out = {"models": models, "n_per_model": n}
+  payload["cases"]["sweep_64_models"] = out
+  on = compiled(fn, _dense, "ENABLED", True, c, ok)
+  off = compiled(fn, _dense, "ENABLED", False, c, ok)
+  out["public_equal"] = all(np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
+                            for x, y in zip(jax.tree.leaves(on(c, ok)), jax.tree.leaves(off(c, ok))))
+  out["times"] = timed({"public_dense_on": lambda: on(c, ok), "public_dense_off": lambda: off(c, ok)},
+                       repeats, 5 * models * n, spec)
+  for label, s in out["times"].items():
+    report("64_models", label, s)
+  print(f"64 models: results equal with the kernel on and off: {out['public_equal']}",
+        file=sys.stderr)
 
 
 def rank_cases(c, ok, repeats, nbytes, spec, payload) -> None:
@@ -154,10 +179,10 @@ def main(argv=None) -> int:
                                         given=False, dense=False))
     want = [np.asarray(x) for x in scatter(c, ok, rows)]
     fns = {"read_floor": lambda: floor_fn(c, ok), "scatter_sums": lambda: scatter(c, ok, rows)}
-    for block, warps, per_program in configs:
-      label = f"dense_b{block or 'auto'}_w{warps}_p{per_program}"
+    for form, block, warps, per_program in configs:
+      label = f"dense_{form}_b{block or 'auto'}_w{warps}_p{per_program or 'auto'}"
       fn = jax.jit(functools.partial(_dense.bucket_sums, clip=case["clip"], block=block,
-                                     per_program=per_program, num_warps=warps))
+                                     per_program=per_program, num_warps=warps, form=form))
       try:
         got = [np.asarray(x) for x in fn(c, ok, rows)]
       except Exception as e:  # noqa: BLE001 - report and go on
@@ -187,6 +212,7 @@ def main(argv=None) -> int:
           file=sys.stderr)
     if args.out:
       write_json_atomic(args.out, payload)
+  models_case(args.repeats, spec, payload, args.quick)
   rank_cases(c, ok, args.repeats, nbytes, spec, payload)
   payload["elapsed_s"] = time.perf_counter() - start
   if args.out:

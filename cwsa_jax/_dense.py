@@ -11,21 +11,22 @@ the per-row sums
 
   G_{r,j} = \\sum_i [c_i \\ge r_r] \\, x_{ij}
 
-as one matrix product ``mask^T @ X`` of the 0/1 mask [chunk, R] and the
+as one matrix product ``M @ X`` of the 0/1 mask M [R, chunk] and the
 digit columns X [chunk, 16]: the count, the four base-64 digits of
 ``u = (1 - c) 2^24`` (``u_hi = u >> 12`` and ``u_lo = u & 4095``, two digits
 each) and the same five times ``correct``. Every operand is an integer of at
-most 64, exact in bfloat16, and every sum of a chunk of at most 2^18 samples
-stays at most 2^24, exact in the float32 accumulator. Bucket ``b`` (the
+most 64, exact in bfloat16 (or int8, :data:`FORM`), and every sum of a chunk
+of at most 2^16 samples stays below 2^24, exact in the float32 accumulator. Bucket ``b`` (the
 samples with exactly ``b`` rows above ``r_0`` at or below ``c``) is then
 ``G_b - G_{b+1}``, an exact int32 difference, brought to the ``(hi, lo)``
 layout of ``_stats.segment_columns``: bit for bit the sums of the scatter
 path, so results and states do not depend on the backend.
 
 The kernel (Pallas, Triton backend) reads each confidence and correctness
-once. It is used for binary correctness, one row of samples, at most
-:data:`MAX_BUCKETS` buckets and no mask, groups or given buckets; everything
-else, and every other backend, keeps the scatter path. Tests run it on the
+once; rows of samples (leading axes, ``vmap``) are one launch. It is used for
+binary correctness, at most :data:`MAX_BUCKETS` buckets and no mask, groups
+or given buckets; everything else, and every other backend, keeps the
+scatter path. Tests run it on the
 CPU through Pallas' interpreter (:data:`INTERPRET`).
 """
 
@@ -45,7 +46,7 @@ MAX_BUCKETS = 64
 # Digit columns of X: count, 4 digits of u, and the same times correct (10), padded to 16.
 _WIDTH = 16
 _USED = 10
-# Samples per program: its sums stay <= 64 * 2^18 = 2^24, exact in float32.
+# Most samples per program: its sums stay below 64 * 2^16 + 2^16 < 2^24, exact in float32.
 _PER_PROGRAM = 1 << 16
 # Samples per step of a program: its mask [block, R] holds about 2^14 entries.
 _MASK_ENTRIES = 1 << 14
@@ -56,24 +57,28 @@ INTERPRET = False
 ENABLED = True
 
 
-def applies(correct: jax.Array, num_buckets: int, n: int, *, rows: int = 1) -> bool:
+def applies(correct: jax.Array, num_buckets: int, n: int) -> bool:
   """Whether :func:`bucket_sums` handles these samples (static shapes and dtypes only)."""
-  return (ENABLED and correct.dtype == jnp.bool_ and rows == 1 and n >= 1
-          and 2 <= num_buckets <= MAX_BUCKETS)
+  return ENABLED and correct.dtype == jnp.bool_ and n >= 1 and 2 <= num_buckets <= MAX_BUCKETS
 
 
 def _num_rows(num_buckets: int) -> int:
   return max(16, 1 << (num_buckets - 1).bit_length())
 
 
-# Per digit column j: (shift, mask, times correct) of w = u | 2^25 (bit 25 gives the count).
+# Per digit column j: (shift, mask) of w = u | 2^25 (bit 25 gives the count); columns
+# j >= 5 take w of the correct samples only.
 _SHIFTS = (25, 18, 12, 6, 0) * 2 + (0,) * (_WIDTH - _USED)
 _MASKS = (1, 127, 63, 63, 63) * 2 + (0,) * (_WIDTH - _USED)
+# Operand types of the product: (mask and digits, accumulator).
+_FORMS = {"bf16": (jnp.bfloat16, jnp.float32), "int8": (jnp.int8, jnp.int32)}
+FORM = "bf16"
 
 
-def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, clip):
+def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, clip, form):
   from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU module, on use)
-  first = pl.program_id(0) * (block * steps)
+  operand, accumulator = _FORMS[form]
+  first = pl.program_id(1) * (block * steps)
   rows = rows_ref[...]
   lane = lax.broadcasted_iota(jnp.int32, (1, _WIDTH), 1)
   shifts = jnp.zeros((1, _WIDTH), jnp.int32)
@@ -82,57 +87,67 @@ def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, clip):
     shifts = jnp.where(lane == j, _SHIFTS[j], shifts)
     masks = jnp.where(lane == j, _MASKS[j], masks)
   times_correct = lane >= _USED // 2
+  one, zero = jnp.ones((), operand), jnp.zeros((), operand)
 
   def body(i, acc):
     start = i * block
-    # The last program's block runs past n: masked loads, and the mask drops those samples.
+    # The last program's block runs past n: masked loads, and NaN (below no row) there.
     valid = first + start + lax.broadcasted_iota(jnp.int32, (block,), 0) < n
     c = plgpu.load(c_ref.at[pl.ds(start, block)], mask=valid, other=0.0)
     k = plgpu.load(k_ref.at[pl.ds(start, block)], mask=valid, other=False)
     unit = jnp.minimum(jnp.maximum(c, 0.0), 1.0)
-    if clip:
-      c = unit
+    compared = jnp.where(valid, unit if clip else c, jnp.nan)
     w = ((1.0 - unit) * 16777216.0).astype(jnp.int32) | (1 << 25)
-    wk = jnp.where(k, w, 0)
-    source = jnp.where(times_correct, wk[:, None], w[:, None])
-    digits = (lax.shift_right_logical(source, shifts) & masks).astype(jnp.float32)
-    keep = (c[:, None] >= rows[None, :]) & valid[:, None]
-    mask = jnp.where(keep, 1.0, 0.0).astype(jnp.bfloat16)
-    digits = digits.astype(jnp.bfloat16)
-    return acc + lax.dot_general(mask, digits, (((0,), (0,)), ((), ())),
-                                 preferred_element_type=jnp.float32)
+    source = jnp.where(times_correct, jnp.where(k, w, 0)[:, None], w[:, None])
+    digits = lax.shift_right_logical(source, shifts) & masks
+    if operand == jnp.bfloat16:
+      digits = digits.astype(jnp.float32)
+    mask = jnp.where(rows[:, None] <= compared[None, :], one, zero)  # [R, block]
+    return acc + jnp.dot(mask, digits.astype(operand), preferred_element_type=accumulator)
 
-  acc = lax.fori_loop(0, steps, body, jnp.zeros((rows.shape[0], _WIDTH), jnp.float32))
+  acc = lax.fori_loop(0, steps, body, jnp.zeros((rows.shape[0], _WIDTH), accumulator))
   out_ref[...] = acc.astype(jnp.int32)
 
 
-def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, clip: bool,
-             block: int | None = None, per_program: int = _PER_PROGRAM,
-             num_warps: int = _NUM_WARPS) -> jax.Array:
-  """int32 [programs, R, 16]: per program (``per_program`` samples), the sums ``G`` of each row.
+# Programs to aim for: a few per streaming multiprocessor of a large GPU.
+_TARGET_PROGRAMS = 1024
 
-  ``rows`` is float32 [R] (R a power of two >= 16; ``-inf`` counts every
-  sample, ``+inf`` none). ``block`` samples per step (default: about
-  2^14 / R, in [128, 1024]), ``per_program`` (<= 2^18) per program. ``clip`` compares ``clip(c, 0, 1)`` with the rows
-  (the sweep) rather than ``c`` (the calibration bins).
+
+def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, clip: bool,
+             block: int | None = None, per_program: int | None = None,
+             num_warps: int = _NUM_WARPS, form: str | None = None) -> jax.Array:
+  """int32 [S, programs, R, 16]: per program, the sums ``G`` of each row over its samples.
+
+  ``confidences`` and ``correct`` are [S, n] (S rows of samples, each summed
+  on its own). ``rows`` is float32 [R] (R a power of two >= 16; ``-inf``
+  counts every sample, ``+inf`` none). ``clip`` compares ``clip(c, 0, 1)``
+  with the rows (the sweep) rather than ``c`` (the calibration bins).
+  ``block`` samples per step (default: about 2^14 / R, in [128, 1024]);
+  ``per_program`` samples per program (a power of two <= 2^16; default: at
+  most 2^16 and enough programs to fill a large GPU).
   """
   from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU module, on use)
-  n = confidences.shape[0]
+  num_samples, n = confidences.shape
   num_rows = rows.shape[0]
-  if not 0 < per_program <= 1 << 18:
-    raise ValueError(f"per_program must be in (0, 2^18] (float32 sums exact), got {per_program}")
-  block = min(per_program, block or min(1024, max(128, _MASK_ENTRIES // num_rows)))
+  block = block or min(1024, max(128, _MASK_ENTRIES // num_rows))
+  if per_program is None:
+    wanted = -(-_TARGET_PROGRAMS // num_samples)
+    per_program = min(_PER_PROGRAM, max(block, 1 << max(0, (n // wanted).bit_length() - 1)))
+  if not 0 < per_program <= _PER_PROGRAM:
+    raise ValueError(f"per_program must be in (0, 2^16] (exact float32 sums), got {per_program}")
+  block = min(block, per_program)
   steps = per_program // block
   num_programs = pl.cdiv(n, per_program)
-  kernel = functools.partial(_kernel, n=n, block=block, steps=steps, clip=clip)
+  kernel = functools.partial(_kernel, n=n, block=block, steps=steps, clip=clip,
+                             form=form or FORM)
   return pl.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct((num_programs, num_rows, _WIDTH), jnp.int32),
-      grid=(num_programs,),
-      in_specs=[pl.BlockSpec((num_rows,), lambda p: (0,)),
-                pl.BlockSpec((per_program,), lambda p: (p,)),
-                pl.BlockSpec((per_program,), lambda p: (p,))],
-      out_specs=pl.BlockSpec((None, num_rows, _WIDTH), lambda p: (p, 0, 0)),
+      out_shape=jax.ShapeDtypeStruct((num_samples, num_programs, num_rows, _WIDTH), jnp.int32),
+      grid=(num_samples, num_programs),
+      in_specs=[pl.BlockSpec((num_rows,), lambda s, p: (0,)),
+                pl.BlockSpec((None, per_program), lambda s, p: (s, p)),
+                pl.BlockSpec((None, per_program), lambda s, p: (s, p))],
+      out_specs=pl.BlockSpec((None, None, num_rows, _WIDTH), lambda s, p: (s, p, 0, 0)),
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=2),
       interpret=INTERPRET,
       name="cwsa_dense_row_sums",
@@ -140,33 +155,37 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, cli
 
 
 def _bucket_table(sums: jax.Array, num_buckets: int) -> tuple[jax.Array, jax.Array]:
-  """Exact per-bucket ``(hi, lo)`` [T + 1, 6] of :func:`row_sums`' [programs, R, 16]."""
-  g = sums[:, :num_buckets + 1] if sums.shape[1] > num_buckets else jnp.pad(
-      sums, ((0, 0), (0, 1), (0, 0)))
-  per_bucket = g[:, :-1] - g[:, 1:]  # [P, T + 1, 16], exact and non-negative
+  """Exact per-bucket ``(hi, lo)`` [S, T + 1, 6] of :func:`row_sums`' [S, programs, R, 16]."""
+  g = sums[:, :, :num_buckets + 1] if sums.shape[2] > num_buckets else jnp.pad(
+      sums, ((0, 0), (0, 0), (0, 1), (0, 0)))
+  per_bucket = g[:, :, :-1] - g[:, :, 1:]  # [S, P, T + 1, 16], exact and non-negative
   col = lambda j: per_bucket[..., j]  # noqa: E731
   both = [col(0), 64 * col(1) + col(2), 64 * col(3) + col(4)]
   right = [col(5), 64 * col(6) + col(7), 64 * col(8) + col(9)]
   wrong = [a - b for a, b in zip(both, right)]
-  table = jnp.stack([jnp.stack(wrong, -1), jnp.stack(right, -1)], axis=-2)  # [P, T + 1, 2, 3]
+  table = jnp.stack([jnp.stack(wrong, -1), jnp.stack(right, -1)], axis=-2)  # [S, P, T + 1, 2, 3]
   hi, lo = _exact.split(table)
-  hi, lo = _exact.canonical(jnp.sum(hi, axis=0), jnp.sum(lo, axis=0))
-  return hi.reshape(num_buckets, -1), lo.reshape(num_buckets, -1)
+  hi, lo = _exact.canonical(jnp.sum(hi, axis=1), jnp.sum(lo, axis=1))
+  shape = hi.shape[:2] + (-1,)
+  return hi.reshape(shape), lo.reshape(shape)
 
 
 def bucket_sums(confidences: jax.Array, correct: jax.Array, sorted_rows: jax.Array, *,
                 clip: bool, **options) -> tuple[jax.Array, jax.Array]:
-  """Exact per-bucket ``(hi, lo)`` [T + 1, 6] of binary samples [n], bucket = #rows <= c.
+  """Exact per-bucket ``(hi, lo)`` [..., T + 1, 6] of binary samples [..., n], bucket = #rows <= c.
 
   The sums of ``_stats.segment_columns`` with segment ``2 bucket + correct``,
-  bit for bit, for ``sorted_rows`` [T] ascending (T + 1 <= :data:`MAX_BUCKETS`).
+  bit for bit, for ``sorted_rows`` [T] ascending (T + 1 <= :data:`MAX_BUCKETS`);
+  leading axes are rows of samples, each summed on its own.
   """
+  lead, n = confidences.shape[:-1], confidences.shape[-1]
   num_buckets = sorted_rows.shape[0] + 1
   size = _num_rows(num_buckets)
   rows = jnp.concatenate([jnp.full((1,), -jnp.inf, jnp.float32), sorted_rows.astype(jnp.float32),
                           jnp.full((size - num_buckets,), jnp.inf, jnp.float32)])
-  sums = row_sums(confidences, correct, rows, clip=clip, **options)
-  return _bucket_table(sums, num_buckets)
+  sums = row_sums(confidences.reshape(-1, n), correct.reshape(-1, n), rows, clip=clip, **options)
+  hi, lo = _bucket_table(sums, num_buckets)
+  return hi.reshape(lead + hi.shape[1:]), lo.reshape(lead + lo.shape[1:])
 
 
 def by_platform(fallback, confidences: jax.Array, correct: jax.Array, sorted_rows: jax.Array,

@@ -232,8 +232,9 @@ def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, m
                       dense=True):
   """Exact per-bucket sums of samples [..., n]: one pass, leading axes as more segments.
 
-  On CUDA GPUs, binary samples in one row with few buckets take ``_dense``'s
-  kernel (same integers, no scatter) unless ``dense`` is False.
+  On CUDA GPUs, binary samples with few buckets (and no groups, mask or given
+  buckets) take ``_dense``'s kernel (same integers, no scatter) unless
+  ``dense`` is False.
   """
   extra = list(extra)
   known = extra.pop() if given else None
@@ -242,13 +243,10 @@ def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, m
   lead, n = confidences.shape[:-1], confidences.shape[-1]
   rows = math.prod(lead)
   if dense and not (num_groups or masked or given) and _dense.applies(
-      correct, sorted_thresh.shape[0] + 1, n, rows=rows):
-    scatter = functools.partial(_bucket_sums_impl, confidences.reshape(-1), correct.reshape(-1),
-                                sorted_thresh, num_groups=None, masked=False, given=False,
-                                dense=False)
-    hi, lo = _dense.by_platform(scatter, confidences.reshape(-1), correct.reshape(-1),
-                                sorted_thresh, clip=True)
-    return hi.reshape(lead + hi.shape), lo.reshape(lead + lo.shape)
+      correct, sorted_thresh.shape[0] + 1, n):
+    scatter = functools.partial(_bucket_sums_impl, confidences, correct, sorted_thresh,
+                                num_groups=None, masked=False, given=False, dense=False)
+    return _dense.by_platform(scatter, confidences, correct, sorted_thresh, clip=True)
   buckets = _Buckets(sorted_thresh)
   if given:
     buckets.one_per_cell = None  # nothing to look up

@@ -106,6 +106,11 @@ def _dense_kernels():
       "ece_mass": lambda: cj.ece(C, OK, binning="mass"),
       "calibration_bins_63": lambda: cj.calibration_bins(C, OK, num_bins=63),
       "ece_vmapped": lambda: jax.vmap(cj.ece)(C[:300_000].reshape(3, -1), OK[:300_000].reshape(3, -1)),
+      # rows of samples: one launch, each row summed on its own
+      "sweep_vmapped_rows": lambda: jax.vmap(lambda c, k: cj.sweep(c, k, T))(
+          C[:300_000].reshape(3, -1), OK[:300_000].reshape(3, -1)),
+      "sweep_rows_of_small_n": lambda: jax.vmap(lambda c, k: cj.sweep(c, k, T))(
+          C[:1000].reshape(40, -1), OK[:1000].reshape(40, -1)),
       "sweep_graded_keeps_scatter": lambda: cj.sweep(C, KAPPA, T),
   }
 
@@ -114,6 +119,8 @@ def _dense_kernels():
 def test_dense_gpu_form_equals_cpu_form(name, monkeypatch):
   """The CUDA kernel of ``_dense`` (through Pallas' interpreter) gives the scatter path's integers."""
   from cwsa_jax import _dense
+  if name == "ece_mass":  # the other operand form
+    monkeypatch.setattr(_dense, "FORM", "int8")
   want = jax.tree.map(np.asarray, _dense_kernels()[name]())
   calls = []
 
