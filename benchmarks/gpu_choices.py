@@ -8,8 +8,8 @@ the ECE, on ``c ~ U(0.3, 1)`` float32 and ``correct ~ Bernoulli(c)``:
 
 * the exact per-bucket sums of the scatter path (``_exact.segment_sums``, as
   on every backend before ``_dense``) and of the dense kernel in several
-  forms (bfloat16 or int8 operands) and launch configurations (samples per
-  block, warps),
+  forms (``_dense.FORMS``) and with the library's and another number of
+  samples per block,
   each checked equal to the scatter path's integers, bit for bit, before
   timing;
 * the public ``sweep`` / ``ece`` with the dense kernel on and off (each
@@ -48,11 +48,10 @@ from _common import environment, interleaved_times, summarize, write_json_atomic
 import cwsa_jax as cj  # noqa: E402
 from cwsa_jax import _calibration, _dense, _sweep  # noqa: E402
 
-# (operand form, samples per block, warps, samples per program); None: the library's default
-CONFIGS = (("bf16", None, 4, None), ("bf16", 128, 4, None), ("bf16", 256, 4, None),
-           ("bf16", 512, 4, None), ("bf16", 256, 8, None), ("int8", None, 4, None),
-           ("int8", 256, 4, None), ("int8", 512, 4, None))
-QUICK_CONFIGS = (("bf16", None, 4, None), ("int8", 128, 4, 1 << 12))
+# (operand form, samples per block): None is the library's default block, "other" the
+# other of 128 and 256.
+CONFIGS = tuple((form, block) for form in _dense.FORMS for block in (None, "other"))
+QUICK_CONFIGS = (("rows", None), ("samples", None), ("bits", None))
 
 
 def cases():
@@ -179,10 +178,12 @@ def main(argv=None) -> int:
                                         given=False, dense=False))
     want = [np.asarray(x) for x in scatter(c, ok, rows)]
     fns = {"read_floor": lambda: floor_fn(c, ok), "scatter_sums": lambda: scatter(c, ok, rows)}
-    for form, block, warps, per_program in configs:
-      label = f"dense_{form}_b{block or 'auto'}_w{warps}_p{per_program or 'auto'}"
+    default_block = 128 if _dense._num_rows(rows.shape[0] + 1) <= 32 else 256
+    for form, block in configs:
+      block = {None: None, "other": 384 - default_block}[block]
+      label = f"dense_{form}_b{block or 'auto'}"
       fn = jax.jit(functools.partial(_dense.bucket_sums, clip=case["clip"], block=block,
-                                     per_program=per_program, num_warps=warps, form=form))
+                                     form=form))
       try:
         got = [np.asarray(x) for x in fn(c, ok, rows)]
       except Exception as e:  # noqa: BLE001 - report and go on

@@ -15,8 +15,8 @@ as one matrix product ``M @ X`` of the 0/1 mask M [R, chunk] and the
 digit columns X [chunk, 16]: the count, the four base-64 digits of
 ``u = (1 - c) 2^24`` (``u_hi = u >> 12`` and ``u_lo = u & 4095``, two digits
 each) and the same five times ``correct``. Every operand is an integer of at
-most 64, exact in bfloat16 (or int8, :data:`FORM`), and every sum of a chunk
-of at most 2^16 samples stays below 2^24, exact in the float32 accumulator. Bucket ``b`` (the
+most 192 (:data:`FORM`), exact in bfloat16, and every sum of a chunk of at
+most 2^16 samples stays below 2^24, exact in the float32 accumulator. Bucket ``b`` (the
 samples with exactly ``b`` rows above ``r_0`` at or below ``c``) is then
 ``G_b - G_{b+1}``, an exact int32 difference, brought to the ``(hi, lo)``
 layout of ``_stats.segment_columns``: bit for bit the sums of the scatter
@@ -46,10 +46,8 @@ MAX_BUCKETS = 64
 # Digit columns of X: count, 4 digits of u, and the same times correct (10), padded to 16.
 _WIDTH = 16
 _USED = 10
-# Most samples per program: its sums stay below 64 * 2^16 + 2^16 < 2^24, exact in float32.
+# Most samples per program: its sums stay below 192 * 2^16 < 2^24, exact in float32.
 _PER_PROGRAM = 1 << 16
-# Samples per step of a program: its mask [block, R] holds about 2^14 entries.
-_MASK_ENTRIES = 1 << 14
 _NUM_WARPS = 4
 # The tests set this to run the kernel through Pallas' interpreter on the CPU.
 INTERPRET = False
@@ -70,14 +68,18 @@ def _num_rows(num_buckets: int) -> int:
 # j >= 5 take w of the correct samples only.
 _SHIFTS = (25, 18, 12, 6, 0) * 2 + (0,) * (_WIDTH - _USED)
 _MASKS = (1, 127, 63, 63, 63) * 2 + (0,) * (_WIDTH - _USED)
-# Operand types of the product: (mask and digits, accumulator).
-_FORMS = {"bf16": (jnp.bfloat16, jnp.float32), "int8": (jnp.int8, jnp.int32)}
-FORM = "bf16"
+# How the kernel builds its operands:
+#   "rows":    mask [R, block] @ digits [block, 16], digits converted int -> float -> bfloat16;
+#   "samples": mask [block, R] contracted over samples with the digits (a transposed operand);
+#   "bits":    as "rows", but each digit d written as the bfloat16 bit pattern of 128 + d
+#              (no conversion instructions); the count column holds 128 and is the offset
+#              taken off the others.
+FORMS = ("rows", "samples", "bits")
+FORM = "rows"
 
 
 def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, clip, form):
   from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU module, on use)
-  operand, accumulator = _FORMS[form]
   first = pl.program_id(1) * (block * steps)
   rows = rows_ref[...]
   lane = lax.broadcasted_iota(jnp.int32, (1, _WIDTH), 1)
@@ -85,9 +87,9 @@ def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, clip, form):
   masks = jnp.zeros((1, _WIDTH), jnp.int32)
   for j in range(_USED):
     shifts = jnp.where(lane == j, _SHIFTS[j], shifts)
-    masks = jnp.where(lane == j, _MASKS[j], masks)
+    masks = jnp.where(lane == j, 0 if form == "bits" and j == 0 else _MASKS[j], masks)
   times_correct = lane >= _USED // 2
-  one, zero = jnp.ones((), operand), jnp.zeros((), operand)
+  one, zero = jnp.ones((), jnp.bfloat16), jnp.zeros((), jnp.bfloat16)
 
   def body(i, acc):
     start = i * block
@@ -100,12 +102,18 @@ def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, clip, form):
     w = ((1.0 - unit) * 16777216.0).astype(jnp.int32) | (1 << 25)
     source = jnp.where(times_correct, jnp.where(k, w, 0)[:, None], w[:, None])
     digits = lax.shift_right_logical(source, shifts) & masks
-    if operand == jnp.bfloat16:
-      digits = digits.astype(jnp.float32)
+    if form == "bits":
+      digits = lax.bitcast_convert_type((digits | 0x4300).astype(jnp.int16), jnp.bfloat16)
+    else:
+      digits = digits.astype(jnp.float32).astype(jnp.bfloat16)
+    if form == "samples":
+      mask = jnp.where(compared[:, None] >= rows[None, :], one, zero)  # [block, R]
+      return acc + lax.dot_general(mask, digits, (((0,), (0,)), ((), ())),
+                                   preferred_element_type=jnp.float32)
     mask = jnp.where(rows[:, None] <= compared[None, :], one, zero)  # [R, block]
-    return acc + jnp.dot(mask, digits.astype(operand), preferred_element_type=accumulator)
+    return acc + jnp.dot(mask, digits, preferred_element_type=jnp.float32)
 
-  acc = lax.fori_loop(0, steps, body, jnp.zeros((rows.shape[0], _WIDTH), accumulator))
+  acc = lax.fori_loop(0, steps, body, jnp.zeros((rows.shape[0], _WIDTH), jnp.float32))
   out_ref[...] = acc.astype(jnp.int32)
 
 
@@ -122,14 +130,15 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, cli
   on its own). ``rows`` is float32 [R] (R a power of two >= 16; ``-inf``
   counts every sample, ``+inf`` none). ``clip`` compares ``clip(c, 0, 1)``
   with the rows (the sweep) rather than ``c`` (the calibration bins).
-  ``block`` samples per step (default: about 2^14 / R, in [128, 1024]);
+  ``block`` samples per step (default: 128, or 256 for R = 64, the fastest
+  measured by ``benchmarks/gpu_choices.py``);
   ``per_program`` samples per program (a power of two <= 2^16; default: at
   most 2^16 and enough programs to fill a large GPU).
   """
   from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU module, on use)
   num_samples, n = confidences.shape
   num_rows = rows.shape[0]
-  block = block or min(1024, max(128, _MASK_ENTRIES // num_rows))
+  block = block or (128 if num_rows <= 32 else 256)
   if per_program is None:
     wanted = -(-_TARGET_PROGRAMS // num_samples)
     per_program = min(_PER_PROGRAM, max(block, 1 << max(0, (n // wanted).bit_length() - 1)))
@@ -138,9 +147,9 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, cli
   block = min(block, per_program)
   steps = per_program // block
   num_programs = pl.cdiv(n, per_program)
-  kernel = functools.partial(_kernel, n=n, block=block, steps=steps, clip=clip,
-                             form=form or FORM)
-  return pl.pallas_call(
+  form = form or FORM
+  kernel = functools.partial(_kernel, n=n, block=block, steps=steps, clip=clip, form=form)
+  sums = pl.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct((num_samples, num_programs, num_rows, _WIDTH), jnp.int32),
       grid=(num_samples, num_programs),
@@ -152,6 +161,10 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, cli
       interpret=INTERPRET,
       name="cwsa_dense_row_sums",
   )(rows, confidences.astype(jnp.float32), correct)
+  if form == "bits":  # every column holds 128 per sample on top of its digits
+    offset = sums[..., :1]
+    return jnp.concatenate([offset >> 7, sums[..., 1:] - offset], axis=-1)
+  return sums
 
 
 def _bucket_table(sums: jax.Array, num_buckets: int) -> tuple[jax.Array, jax.Array]:

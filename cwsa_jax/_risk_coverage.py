@@ -285,8 +285,11 @@ def _scan_parallel(keys: jax.Array, losses: jax.Array, carry: _Carry):
   if losses.dtype == jnp.int32 and STARTS_BY_RUNNING_MAX:
     # k increases and the integer E never decreases: the latest start and the E
     # before it are running maxima over the starts (two scans, no scatter).
-    start_incl = jnp.where(local > 0, lax.cummax(jnp.where(new, k, 0)), carry.start)
-    before_incl = jnp.where(local > 0, lax.cummax(jnp.where(new, cum, 0)), carry.before)
+    # (Slots k >= 1, so a positive running maximum means a start was seen; the group
+    # count, a third scan, is then computed only where a result reads it.)
+    latest = lax.cummax(jnp.where(new, k, 0))
+    start_incl = jnp.where(latest > 0, latest, carry.start)
+    before_incl = jnp.where(latest > 0, lax.cummax(jnp.where(new, cum, 0)), carry.before)
   else:
     # Entry j: slot and E before slot of the chunk's (j + 1)-th group start.
     at = jnp.where(new, local - 1, size + lax.iota(jnp.int32, size))  # distinct; rest dropped

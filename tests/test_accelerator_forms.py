@@ -119,8 +119,10 @@ def _dense_kernels():
 def test_dense_gpu_form_equals_cpu_form(name, monkeypatch):
   """The CUDA kernel of ``_dense`` (through Pallas' interpreter) gives the scatter path's integers."""
   from cwsa_jax import _dense
-  if name == "ece_mass":  # the other operand form
-    monkeypatch.setattr(_dense, "FORM", "int8")
+  # every way of building the operands (_dense.FORMS) on some of the kernels
+  form = {"ece_mass": "samples", "sweep_vmapped_rows": "samples", "calibration_bins_63": "bits",
+          "sweep_default_grid": "bits", "sweep_unsorted_nan_threshold": "bits"}.get(name, "rows")
+  monkeypatch.setattr(_dense, "FORM", form)
   want = jax.tree.map(np.asarray, _dense_kernels()[name]())
   calls = []
 
