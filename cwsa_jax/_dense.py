@@ -75,7 +75,7 @@ _MASKS = (1, 127, 63, 63, 63) * 2 + (0,) * (_WIDTH - _USED)
 #              (no conversion instructions); the count column holds 128 and is the offset
 #              taken off the others.
 FORMS = ("rows", "samples", "bits")
-FORM = "rows"
+FORM = "bits"
 
 
 def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, clip, form):
