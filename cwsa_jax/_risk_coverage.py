@@ -255,7 +255,7 @@ def _scan_sequential(keys: jax.Array, losses: jax.Array, carry: _Carry):
 
 # Binary losses: each slot's group start and the E before it by running maxima (True) or
 # by a scatter of the starts and a gather (False; the form for graded losses, whose
-# tree-summed E need not be monotone). An A/B switch for benchmarks/gpu_dense.py.
+# tree-summed E need not be monotone). An A/B switch for benchmarks/gpu_choices.py.
 STARTS_BY_RUNNING_MAX = True
 
 

@@ -227,6 +227,7 @@ SMOKE_RUNS = {
     "streaming_aurc_error.py": ["--n", "20000"],
     "bench_process_merge.py": ["--n", "20000"],
     "bench_numpy_sort.py": ["--sizes", "3000", "--repeats", "1"],
+    "gpu_choices.py": ["--quick", "--repeats", "1"],
 }
 
 
@@ -272,6 +273,20 @@ def test_benchmark_script_smoke_run_emits_its_record(script_runs, script):
   assert record["benchmark"] == script.removesuffix(".py").removeprefix("bench_")
   assert record["device"] and record["jax"]
   assert set(record) - set(_common.environment()) - {"benchmark"}, record  # its own results
+
+
+@_SCRIPTS
+def test_gpu_choices_quick_checks_every_form_exact(script_runs):
+  """On the CPU (Pallas' interpreter): every kernel form equal to the scatter path, bit for bit."""
+  _, out = script_runs
+  rc, stdout, stderr = out["gpu_choices.py"]
+  assert rc == 0, stderr[-3000:]
+  cases = json.loads(stdout)["cases"]
+  for name in ("sweep_T10", "sweep_T50", "ece_15_bins"):
+    assert cases[name]["configs"] and all(c == {"exact": True} for c in cases[name]["configs"].values())
+    assert cases[name]["public_equal"] is True
+  assert cases["sweep_64_models"]["public_equal"] is True
+  assert all(cases[name]["equal"] is True for name in ("aurc_step", "aurc_trapezoid", "curve"))
 
 
 @_SCRIPTS
