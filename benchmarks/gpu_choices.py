@@ -78,6 +78,15 @@ def compiled(fn, module, switch: str, value: bool, *args):
     jax.clear_caches()
 
 
+def switched(fn, module, switch: str, *args):
+  """``fn`` compiled with ``module.switch`` True and False, and whether their results are equal."""
+  on = compiled(fn, module, switch, True, *args)
+  off = compiled(fn, module, switch, False, *args)
+  equal = all(np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
+              for x, y in zip(jax.tree.leaves(on(*args)), jax.tree.leaves(off(*args))))
+  return on, off, equal
+
+
 def report(name: str, label: str, s: dict, note="") -> None:
   print(f"{name:<12} {label:<28} {s['min_s'] * 1e3:9.3f} ms {s['median_s'] * 1e3:9.3f} ms "
         f"{s['bytes_read_per_s'] / 1e9:8.1f} GB/s {s['fraction_of_spec_bandwidth'] or float('nan'):6.3f}"
@@ -106,10 +115,7 @@ def models_case(repeats, spec, payload, quick) -> None:
   fn = jax.vmap(lambda c, k: cj.sweep(c, k, t))
   out = {"models": models, "n_per_model": n}
   payload["cases"]["sweep_64_models"] = out
-  on = compiled(fn, _dense, "ENABLED", True, c, ok)
-  off = compiled(fn, _dense, "ENABLED", False, c, ok)
-  out["public_equal"] = all(np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
-                            for x, y in zip(jax.tree.leaves(on(c, ok)), jax.tree.leaves(off(c, ok))))
+  on, off, out["public_equal"] = switched(fn, _dense, "ENABLED", c, ok)
   out["times"] = timed({"public_dense_on": lambda: on(c, ok), "public_dense_off": lambda: off(c, ok)},
                        repeats, 5 * models * n, spec)
   for label, s in out["times"].items():
@@ -128,11 +134,7 @@ def rank_cases(c, ok, repeats, nbytes, spec, payload) -> None:
     out = {}
     payload["cases"][name] = out
     try:
-      new = compiled(fn, _risk_coverage, "STARTS_BY_RUNNING_MAX", True, c, ok)
-      old = compiled(fn, _risk_coverage, "STARTS_BY_RUNNING_MAX", False, c, ok)
-      a, b = jax.tree.leaves(new(c, ok)), jax.tree.leaves(old(c, ok))
-      out["equal"] = all(np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
-                         for x, y in zip(a, b))
+      new, old, out["equal"] = switched(fn, _risk_coverage, "STARTS_BY_RUNNING_MAX", c, ok)
     except Exception as e:  # noqa: BLE001 - report and go on
       out["error"] = f"{type(e).__name__}: {str(e)[:400]}"
       print(f"{name}: ERROR {str(e)[:200]}", file=sys.stderr)
@@ -196,11 +198,7 @@ def main(argv=None) -> int:
         fns[label] = functools.partial(fn, c, ok, rows)
     public = case["public"](rows if name.startswith("sweep") else None)
     try:
-      on = compiled(public, _dense, "ENABLED", True, c, ok)
-      off = compiled(public, _dense, "ENABLED", False, c, ok)
-      a, b = jax.tree.leaves(on(c, ok)), jax.tree.leaves(off(c, ok))
-      out["public_equal"] = all(np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
-                                for x, y in zip(a, b))
+      on, off, out["public_equal"] = switched(public, _dense, "ENABLED", c, ok)
       fns["public_dense_on"] = lambda: on(c, ok)
       fns["public_dense_off"] = lambda: off(c, ok)
     except Exception as e:  # noqa: BLE001

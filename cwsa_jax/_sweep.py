@@ -20,7 +20,9 @@ evaluated exactly, so ties at a threshold are retained, as the paper defines.
 the single-threshold metrics (T = 1), ``bootstrap_sweep``'s estimate and
 ``SweepState``. Leading batch axes, and ``jax.vmap`` over it (a custom
 batching rule), become more segments of the same single pass, not a batched
-loop.
+loop. On CUDA GPUs, binary samples with at most ``_dense.MAX_BUCKETS``
+buckets (and no groups, mask or given buckets) are summed by ``_dense``'s
+tensor-core kernel instead of scatter-adds: the same integers, bit for bit.
 """
 
 from __future__ import annotations
