@@ -181,8 +181,7 @@ def bin_sums(confidences: jax.Array, correct: jax.Array, edges: jax.Array,
   arrays = [confidences, correct] + ([] if mask is None else [mask])
   scatter = lambda: _exact.segment_sums(columns_fn, arrays, num_segments,  # noqa: E731
                                         chunk_size=_CHUNK_SIZE)
-  if mask is None and confidences.ndim == 1 and _dense.applies(correct, num_bins,
-                                                                confidences.shape[0]):
+  if mask is None and confidences.ndim == 1 and _dense.applies(confidences, correct, num_bins):
     per_bin = lambda: tuple(x.reshape(num_bins, -1) for x in scatter())  # noqa: E731
     hi, lo = _dense.by_platform(per_bin, confidences, correct, edges[1:-1], clip=False)
     hi, lo = hi.reshape(num_segments, -1), lo.reshape(num_segments, -1)

@@ -55,9 +55,23 @@ INTERPRET = False
 ENABLED = True
 
 
-def applies(correct: jax.Array, num_buckets: int, n: int) -> bool:
-  """Whether :func:`bucket_sums` handles these samples (static shapes and dtypes only)."""
-  return ENABLED and correct.dtype == jnp.bool_ and n >= 1 and 2 <= num_buckets <= MAX_BUCKETS
+def applies(confidences: jax.Array, correct: jax.Array, num_buckets: int) -> bool:
+  """Whether :func:`bucket_sums` handles these samples (static shapes, dtypes and mesh axes).
+
+  Not inside ``shard_map`` on samples that vary over its mesh axes: there the
+  scatter path runs (the kernel is not checked there).
+  """
+  return (ENABLED and correct.dtype == jnp.bool_ and confidences.shape[-1] >= 1
+          and 2 <= num_buckets <= MAX_BUCKETS and not _manual_axes(confidences)[1])
+
+
+def _manual_axes(x: jax.Array) -> tuple[str, frozenset]:
+  """The name of the aval field holding ``x``'s manual mesh axes, and the axes it varies over."""
+  aval = jax.typeof(x)
+  mat = getattr(aval, "manual_axis_type", None)  # the field's name differs between jax versions
+  if mat is not None:
+    return "manual_axis_type", frozenset(getattr(mat, "varying", ()))
+  return "vma", frozenset(getattr(aval, "vma", ()))
 
 
 def _num_rows(num_buckets: int) -> int:
@@ -121,6 +135,13 @@ def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, clip, form):
 _TARGET_PROGRAMS = 1024
 
 
+def _output_like(like: jax.Array, shape: tuple[int, ...]) -> jax.ShapeDtypeStruct:
+  """int32 ``shape`` with ``like``'s manual mesh axes (which ``shard_map`` checks)."""
+  name, _ = _manual_axes(like)
+  value = getattr(jax.typeof(like), name, None)
+  return jax.ShapeDtypeStruct(shape, jnp.int32, **({} if value is None else {name: value}))
+
+
 def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, clip: bool,
              block: int | None = None, per_program: int | None = None,
              num_warps: int = _NUM_WARPS, form: str | None = None) -> jax.Array:
@@ -151,7 +172,7 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, cli
   kernel = functools.partial(_kernel, n=n, block=block, steps=steps, clip=clip, form=form)
   sums = pl.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct((num_samples, num_programs, num_rows, _WIDTH), jnp.int32),
+      out_shape=_output_like(confidences, (num_samples, num_programs, num_rows, _WIDTH)),
       grid=(num_samples, num_programs),
       in_specs=[pl.BlockSpec((num_rows,), lambda s, p: (0,)),
                 pl.BlockSpec((None, per_program), lambda s, p: (s, p)),
@@ -196,6 +217,8 @@ def bucket_sums(confidences: jax.Array, correct: jax.Array, sorted_rows: jax.Arr
   size = _num_rows(num_buckets)
   rows = jnp.concatenate([jnp.full((1,), -jnp.inf, jnp.float32), sorted_rows.astype(jnp.float32),
                           jnp.full((size - num_buckets,), jnp.inf, jnp.float32)])
+  # Integer sums carry no derivative (callers define it); no tangent reaches the kernel.
+  confidences = lax.stop_gradient(confidences)
   sums = row_sums(confidences.reshape(-1, n), correct.reshape(-1, n), rows, clip=clip, **options)
   hi, lo = _bucket_table(sums, num_buckets)
   return hi.reshape(lead + hi.shape[1:]), lo.reshape(lead + lo.shape[1:])

@@ -245,7 +245,7 @@ def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, m
   lead, n = confidences.shape[:-1], confidences.shape[-1]
   rows = math.prod(lead)
   if dense and not (num_groups or masked or given) and _dense.applies(
-      correct, sorted_thresh.shape[0] + 1, n):
+      confidences, correct, sorted_thresh.shape[0] + 1):
     scatter = functools.partial(_bucket_sums_impl, confidences, correct, sorted_thresh,
                                 num_groups=None, masked=False, given=False, dense=False)
     return _dense.by_platform(scatter, confidences, correct, sorted_thresh, clip=True)

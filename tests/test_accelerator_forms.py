@@ -112,6 +112,10 @@ def _dense_kernels():
       "sweep_rows_of_small_n": lambda: jax.vmap(lambda c, k: cj.sweep(c, k, T))(
           C[:1000].reshape(40, -1), OK[:1000].reshape(40, -1)),
       "sweep_graded_keeps_scatter": lambda: cj.sweep(C, KAPPA, T),
+      # derivatives: no tangent reaches the kernel (its sums are integers)
+      "ece_gradient": lambda: jax.grad(lambda c: cj.ece(c, OK[:5000]))(jnp.asarray(C[:5000])),
+      "sweep_jacobian": lambda: jax.jacfwd(lambda c: cj.sweep(c, OK[:500], T).cwsa)(
+          jnp.asarray(C[:500])),
   }
 
 
