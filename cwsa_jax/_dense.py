@@ -58,8 +58,8 @@ ENABLED = True
 def applies(confidences: jax.Array, correct: jax.Array, num_buckets: int) -> bool:
   """Whether :func:`bucket_sums` handles these samples (static shapes, dtypes and mesh axes).
 
-  Not inside ``shard_map`` on samples that vary over its mesh axes: there the
-  scatter path runs (the kernel is not checked there).
+  Samples that vary over the mesh axes of an enclosing ``shard_map`` keep the
+  scatter path: the kernel has not been run on a GPU there.
   """
   return (ENABLED and correct.dtype == jnp.bool_ and confidences.shape[-1] >= 1
           and 2 <= num_buckets <= MAX_BUCKETS and not _manual_axes(confidences)[1])
