@@ -1,7 +1,7 @@
 """Every cwsa-jax kernel on a GPU: time, bytes read per second against the device's bandwidth, AURC against one sort.
 
 Usage: benchmarks/accelerator.sh [--quick] [--sizes N,...] [--only KERNEL,...] [--out FILE]
-       [--check-max-n 1e7] [--deadline-s 400]
+       [--check-max-n 1e7] [--deadline-s 280]
 (or python benchmarks/accelerator.py with the repository root on PYTHONPATH)
 
 What is measured, for n in {1e8, 1e7, 1e6} (largest first, so the goals run
@@ -211,8 +211,8 @@ def main(argv=None) -> int:
   parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 10; 2 with --quick)")
   parser.add_argument("--check-max-n", type=float, default=1e7,
                       help="check against NumPy up to this n (default 1e7)")
-  parser.add_argument("--deadline-s", type=float, default=400.0,
-                      help="start no case after this many seconds (default 400)")
+  parser.add_argument("--deadline-s", type=float, default=280.0,
+                      help="start no case after this many seconds (default 280)")
   parser.add_argument("--rtol", type=float, default=1e-6)
   parser.add_argument("--atol", type=float, default=1e-7)
   parser.add_argument("--out", default=None, help=f"JSON file (default {DEFAULT_OUT}; none with --quick)")
