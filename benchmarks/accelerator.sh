@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every cwsa-jax benchmark on a GPU in under 8 minutes; writes results/benchmarks/gpu.json.
+# Every cwsa-jax benchmark on a GPU in under 8 minutes; writes results/benchmarks/gpu.json and
+# results/benchmarks/gpu_choices.json.
 #
 #   benchmarks/accelerator.sh            # on a GPU machine: n up to 1e8, checks, bandwidth, sort ratio
 #   benchmarks/accelerator.sh --quick    # small n: runs on a CPU too (tests the script)
