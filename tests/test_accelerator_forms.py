@@ -145,3 +145,27 @@ def test_dense_gpu_form_equals_cpu_form(name, monkeypatch):
   assert jax.tree.structure(got) == jax.tree.structure(want)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_array_equal(a, b)
+
+
+def test_dense_bucket_sums_equal_scatter_sums_on_random_draws(monkeypatch):
+  """Random sizes, grids (ties, samples on thresholds, 0 and 1), rows and launch shapes:
+  ``_dense.bucket_sums`` (interpreted) gives the scatter path's integers."""
+  import functools
+  from cwsa_jax import _dense
+  monkeypatch.setattr(_dense, "INTERPRET", True)
+  scatter = jax.jit(functools.partial(_sweep._bucket_sums_impl, num_groups=None, masked=False,
+                                      given=False, dense=False))
+  rng = np.random.default_rng(5)
+  for draw in range(8):
+    rows, n, num_t = int(rng.choice([1, 3])), int(rng.integers(1, 3000)), int(rng.integers(1, 64))
+    c = np.round(rng.random((rows, n)), int(rng.integers(1, 4))).astype(np.float32)
+    c.flat[rng.integers(0, c.size, 3)] = rng.choice([0.0, 1.0], 3)
+    t = np.sort(np.concatenate([rng.choice(c.ravel(), num_t // 2),
+                                rng.random(num_t - num_t // 2)]).astype(np.float32))
+    ok = rng.random((rows, n)) < c
+    dense = _dense.bucket_sums(jnp.asarray(c), jnp.asarray(ok), jnp.asarray(t), clip=True,
+                               form=_dense.FORMS[draw % 3], block=128,
+                               per_program=int(rng.choice([128, 512, 1 << 16])))
+    want = scatter(jnp.asarray(c), jnp.asarray(ok), jnp.asarray(t))
+    for a, b in zip(dense, want):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"draw {draw}")
