@@ -15,7 +15,9 @@ the ECE, on ``c ~ U(0.3, 1)`` float32 and ``correct ~ Bernoulli(c)``:
 * the public ``sweep`` / ``ece`` with the dense kernel on and off (each
   compiled ahead of time with ``_dense.ENABLED`` set), results compared;
 * one read of the inputs (``jnp.sum``), the floor of any kernel;
-* ``jax.vmap`` of the sweep over 64 models of 10^5 samples, the kernel on and off.
+* ``jax.vmap`` of the sweep over 64 models of 10^5 samples, the kernel on and off;
+* the sweep at T = 1000 with ``_sorted_sums`` (one sort, prefix sums) on and off,
+  beside one ``lax.sort`` of the packed keys.
 
 And for the AURC family (``aurc`` "step" and "trapezoid", ``risk_coverage_curve``):
 the parallel scan's group starts by running maxima
@@ -124,6 +126,28 @@ def models_case(repeats, spec, payload, quick) -> None:
         file=sys.stderr)
 
 
+def many_thresholds_case(c, ok, repeats, nbytes, spec, payload) -> None:
+  """The sweep at T = 1000 (``_sorted_sums``: one sort and prefix sums) on and off."""
+  from cwsa_jax import _sorted_sums
+  t = jnp.asarray(accelerator.bench.thresholds(1000))
+  out = {}
+  payload["cases"]["sweep_T1000"] = out
+  try:
+    on, off, out["public_equal"] = switched(lambda c, k: cj.sweep(c, k, t), _sorted_sums,
+                                            "ENABLED", c, ok)
+  except Exception as e:  # noqa: BLE001 - report and go on
+    out["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+    print(f"sweep_T1000: ERROR {str(e)[:200]}", file=sys.stderr)
+    return
+  sort_fn = accelerator.packed_sort()
+  out["times"] = timed({"public_sorted_on": lambda: on(c, ok), "public_sorted_off": lambda: off(c, ok),
+                        "lax_sort_packed_key": lambda: sort_fn(c, ok)}, repeats, nbytes, spec)
+  for label, s in out["times"].items():
+    report("sweep_T1000", label, s)
+  print(f"sweep_T1000: results equal with the sort on and off: {out['public_equal']}",
+        file=sys.stderr)
+
+
 def rank_cases(c, ok, repeats, nbytes, spec, payload) -> None:
   """The AURC family with the group starts by running maxima and by scatter and gather."""
   from cwsa_jax import _risk_coverage
@@ -211,6 +235,7 @@ def main(argv=None) -> int:
           file=sys.stderr)
     if args.out:
       write_json_atomic(args.out, payload)
+  many_thresholds_case(c, ok, args.repeats, nbytes, spec, payload)
   models_case(args.repeats, spec, payload, args.quick)
   rank_cases(c, ok, args.repeats, nbytes, spec, payload)
   payload["elapsed_s"] = time.perf_counter() - start

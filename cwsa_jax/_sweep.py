@@ -22,7 +22,8 @@ the single-threshold metrics (T = 1), ``bootstrap_sweep``'s estimate and
 batching rule), become more segments of the same single pass, not a batched
 loop. On CUDA GPUs, binary samples with at most ``_dense.MAX_BUCKETS``
 buckets (and no groups, mask or given buckets) are summed by ``_dense``'s
-tensor-core kernel instead of scatter-adds: the same integers, bit for bit.
+tensor-core kernel instead of scatter-adds, and one row of them with more
+buckets by ``_sorted_sums`` (one sort): the same integers, bit for bit.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from jax.custom_batching import custom_vmap
 
 from cwsa_jax import _dense
 from cwsa_jax import _exact
+from cwsa_jax import _sorted_sums
 from cwsa_jax import _stats
 from cwsa_jax import _validation
 
@@ -235,7 +237,8 @@ def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, m
   """Exact per-bucket sums of samples [..., n]: one pass, leading axes as more segments.
 
   On CUDA GPUs, binary samples with few buckets (and no groups, mask or given
-  buckets) take ``_dense``'s kernel (same integers, no scatter) unless
+  buckets) take ``_dense``'s kernel, and one row of them with more buckets
+  ``_sorted_sums`` (one sort; the same integers, no scatter), unless
   ``dense`` is False.
   """
   extra = list(extra)
@@ -244,11 +247,13 @@ def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, m
   mask = extra[-1] if masked else None
   lead, n = confidences.shape[:-1], confidences.shape[-1]
   rows = math.prod(lead)
-  if dense and not (num_groups or masked or given) and _dense.applies(
-      confidences, correct, sorted_thresh.shape[0] + 1):
+  if dense and not (num_groups or masked or given):
     scatter = functools.partial(_bucket_sums_impl, confidences, correct, sorted_thresh,
                                 num_groups=None, masked=False, given=False, dense=False)
-    return _dense.by_platform(scatter, confidences, correct, sorted_thresh, clip=True)
+    if _dense.applies(confidences, correct, sorted_thresh.shape[0] + 1):
+      return _dense.by_platform(scatter, confidences, correct, sorted_thresh, clip=True)
+    if _sorted_sums.applies(confidences, correct, sorted_thresh.shape[0] + 1):
+      return _sorted_sums.by_platform(scatter, confidences, correct, sorted_thresh)
   buckets = _Buckets(sorted_thresh)
   if given:
     buckets.one_per_cell = None  # nothing to look up

@@ -119,6 +119,28 @@ def _dense_kernels():
   }
 
 
+def _cuda_form_results(module, kernel, monkeypatch) -> tuple[list, list, list]:
+  """Leaves of ``kernel()`` on the CPU form and with ``module``'s CUDA form forced, and the
+  traced calls of that form."""
+  want = jax.tree.leaves(jax.tree.map(np.asarray, kernel()))
+  calls = []
+
+  def cuda_form(*args, cuda, default):
+    calls.append(1)
+    return cuda(*args)
+
+  monkeypatch.setattr(module, "_by_platform", cuda_form)
+  jax.clear_caches()  # retrace: the jitted kernels were compiled with the CPU form
+  try:
+    got = jax.tree.leaves(jax.tree.map(np.asarray, kernel()))
+  finally:
+    jax.clear_caches()
+  assert len(got) == len(want)
+  for a, b in zip(got, want):
+    np.testing.assert_array_equal(a, b)
+  return calls
+
+
 @pytest.mark.parametrize("name", list(_dense_kernels()))
 def test_dense_gpu_form_equals_cpu_form(name, monkeypatch):
   """The CUDA kernel of ``_dense`` (through Pallas' interpreter) gives the scatter path's integers."""
@@ -127,24 +149,9 @@ def test_dense_gpu_form_equals_cpu_form(name, monkeypatch):
   form = {"ece_mass": "samples", "sweep_vmapped_rows": "samples", "calibration_bins_63": "bits",
           "sweep_default_grid": "bits", "sweep_unsorted_nan_threshold": "bits"}.get(name, "rows")
   monkeypatch.setattr(_dense, "FORM", form)
-  want = jax.tree.map(np.asarray, _dense_kernels()[name]())
-  calls = []
-
-  def cuda_form(*args, cuda, default):
-    calls.append(name)
-    return cuda(*args)
-
-  monkeypatch.setattr(_dense, "_by_platform", cuda_form)
   monkeypatch.setattr(_dense, "INTERPRET", True)
-  jax.clear_caches()
-  try:
-    got = jax.tree.map(np.asarray, _dense_kernels()[name]())
-  finally:
-    jax.clear_caches()
+  calls = _cuda_form_results(_dense, _dense_kernels()[name], monkeypatch)
   assert bool(calls) == (name != "sweep_graded_keeps_scatter")
-  assert jax.tree.structure(got) == jax.tree.structure(want)
-  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_array_equal(a, b)
 
 
 def test_dense_bucket_sums_equal_scatter_sums_on_random_draws(monkeypatch):
@@ -169,3 +176,49 @@ def test_dense_bucket_sums_equal_scatter_sums_on_random_draws(monkeypatch):
     want = scatter(jnp.asarray(c), jnp.asarray(ok), jnp.asarray(t))
     for a, b in zip(dense, want):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"draw {draw}")
+
+
+T_MANY = np.concatenate([np.linspace(0.0, 0.99, 99), [0.5, 0.5]]).astype(np.float32)
+
+
+def _sorted_kernels():
+  return {
+      "sweep_65": lambda: cj.sweep(C, OK, np.linspace(0.3, 0.95, 65).astype(np.float32)),
+      "sweep_dense_grid": lambda: cj.sweep(C, OK, T_DENSE),
+      "sweep_ties_unsorted_nan": lambda: jax.jit(cj.sweep)(
+          C, OK, jnp.asarray(np.concatenate([T_MANY[::-1], [np.nan, 1.5, -0.5]]))),
+      "select_threshold": lambda: cj.select_threshold(C, OK, thresholds=T_MANY, min_coverage=0.5),
+      "sweep_jacobian": lambda: jax.jacfwd(lambda c: cj.sweep(c, OK[:300], T_MANY).cwsa)(
+          jnp.asarray(C[:300])),
+      "sweep_vmapped_keeps_scatter": lambda: jax.vmap(lambda c, k: cj.sweep(c, k, T_MANY))(
+          C[:300_000].reshape(3, -1), OK[:300_000].reshape(3, -1)),
+  }
+
+
+@pytest.mark.parametrize("name", list(_sorted_kernels()))
+def test_sorted_gpu_form_equals_cpu_form(name, monkeypatch):
+  """The CUDA form of ``_sorted_sums`` (one sort, prefix sums) gives the scatter path's integers."""
+  from cwsa_jax import _sorted_sums
+  calls = _cuda_form_results(_sorted_sums, _sorted_kernels()[name], monkeypatch)
+  # (vmapped: custom_vmap also traces the unbatched form, which is then not run)
+  assert calls or name == "sweep_vmapped_keeps_scatter"
+
+
+def test_sorted_bucket_sums_equal_scatter_sums_on_random_draws():
+  """Sizes around the 4096-sample chunks, ties, samples on thresholds, thresholds outside [0, 1]."""
+  import functools
+  from cwsa_jax import _sorted_sums
+  scatter = jax.jit(functools.partial(_sweep._bucket_sums_impl, num_groups=None, masked=False,
+                                      given=False, dense=False))
+  rng = np.random.default_rng(9)
+  for n in (1, 5, 4095, 4096, 4097, 3 * 4096 + 17):
+    num_t = int(rng.integers(65, 300))
+    c = np.round(rng.random(n), int(rng.integers(1, 4))).astype(np.float32)
+    c[:2] = [0.0, 1.0][:min(2, n)]
+    t = np.concatenate([rng.choice(c, num_t // 2), rng.random(num_t - num_t // 2 - 3),
+                        [-0.5, 1.0, np.inf]]).astype(np.float32)
+    t = np.sort(t)
+    ok = rng.random(n) < c
+    got = jax.jit(_sorted_sums.bucket_sums)(c, ok, t)
+    for a, b in zip(got, scatter(jnp.asarray(c), jnp.asarray(ok), jnp.asarray(t))):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"n = {n}")
