@@ -56,12 +56,16 @@ def _key(x: jax.Array) -> jax.Array:
   return lax.bitcast_convert_type(x, jnp.int32)
 
 
-def _columns(packed: jax.Array) -> jax.Array:
-  """int32 columns [6, ...] of packed samples: count, correct, u_hi, u_lo, and u's for correct."""
+def _column_sums(packed: jax.Array, keep: jax.Array | None = None) -> jax.Array:
+  """int32 [6, ...] sums over the last axis of the packed samples' columns (where ``keep``):
+  count, correct, u_hi, u_lo, and u_hi, u_lo of the correct ones (one reduction each, fused)."""
   correct = packed & 1
   c = lax.bitcast_convert_type(packed >> 1, jnp.float32)
   hi, lo = _exact.grid_columns(1.0 - c)
-  return jnp.stack([jnp.ones_like(correct), correct, hi, lo, hi * correct, lo * correct])
+  columns = [jnp.ones_like(correct), correct, hi, lo, hi * correct, lo * correct]
+  if keep is not None:
+    columns = [jnp.where(keep, x, 0) for x in columns]
+  return jnp.stack([jnp.sum(x, axis=-1) for x in columns])
 
 
 def bucket_sums(confidences: jax.Array, correct: jax.Array,
@@ -83,12 +87,12 @@ def bucket_sums(confidences: jax.Array, correct: jax.Array,
   below = jnp.searchsorted(chunks.reshape(-1), t_key << 1, side="left").astype(jnp.int32)
   q = jnp.concatenate([jnp.zeros((1,), jnp.int32), below, jnp.full((1,), n, jnp.int32)])
   # Exclusive running sums of the chunk totals, in (hi, lo) form: [6, chunks].
-  totals_hi, totals_lo = _exact.split(jnp.sum(_columns(chunks), axis=-1))
+  totals_hi, totals_lo = _exact.split(_column_sums(chunks))
   before = lambda x: jnp.cumsum(x, axis=1) - x  # noqa: E731
   run_hi, run_lo = before(totals_hi), before(totals_lo)
   chunk, offset = q // _CHUNK, q % _CHUNK
   head = jnp.arange(_CHUNK, dtype=jnp.int32) < offset[:, None]  # [T + 2, C]
-  partial = jnp.sum(jnp.where(head, _columns(chunks[chunk]), 0), axis=-1)  # [6, T + 2]
+  partial = _column_sums(chunks[chunk], head)  # [6, T + 2]
   p_hi, p_lo = _exact.split(partial)
   p_hi, p_lo = p_hi + run_hi[:, chunk], p_lo + run_lo[:, chunk]  # P(q) = hi 4096 + lo
   hi, lo = _exact.canonical(p_hi[:, 1:] - p_hi[:, :-1], p_lo[:, 1:] - p_lo[:, :-1])  # [6, T + 1]
