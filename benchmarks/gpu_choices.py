@@ -16,8 +16,9 @@ the ECE, on ``c ~ U(0.3, 1)`` float32 and ``correct ~ Bernoulli(c)``:
   compiled ahead of time with ``_dense.ENABLED`` set), results compared;
 * one read of the inputs (``jnp.sum``), the floor of any kernel;
 * ``jax.vmap`` of the sweep over 64 models of 10^5 samples, the kernel on and off;
-* the sweep at T = 1000 with ``_sorted_sums`` (one sort, prefix sums) on and off,
-  beside one ``lax.sort`` of the packed keys.
+* the sweep at T = 1000 with ``_sorted_sums`` (one sort, prefix sums) and the
+  equal-mass ECE with its edges by one sort (``_sort.order_statistics``), each on
+  and off, beside one ``lax.sort`` of the packed keys.
 
 And for the AURC family (``aurc`` "step" and "trapezoid", ``risk_coverage_curve``):
 the parallel scan's group starts by running maxima
@@ -126,48 +127,35 @@ def models_case(repeats, spec, payload, quick) -> None:
         file=sys.stderr)
 
 
-def many_thresholds_case(c, ok, repeats, nbytes, spec, payload) -> None:
-  """The sweep at T = 1000 (``_sorted_sums``: one sort and prefix sums) on and off."""
-  from cwsa_jax import _sorted_sums
+def switch_cases(c, ok, repeats, nbytes, spec, payload) -> None:
+  """Module switches on and off, each beside one ``lax.sort`` of the packed keys: the sweep at
+  T = 1000 by one sort (``_sorted_sums``), the equal-mass ECE's edges by one sort
+  (``_sort.order_statistics``), and the AURC scan's group starts by running maxima."""
+  from cwsa_jax import _risk_coverage, _sort, _sorted_sums
   t = jnp.asarray(accelerator.bench.thresholds(1000))
-  out = {}
-  payload["cases"]["sweep_T1000"] = out
-  try:
-    on, off, out["public_equal"] = switched(lambda c, k: cj.sweep(c, k, t), _sorted_sums,
-                                            "ENABLED", c, ok)
-  except Exception as e:  # noqa: BLE001 - report and go on
-    out["error"] = f"{type(e).__name__}: {str(e)[:400]}"
-    print(f"sweep_T1000: ERROR {str(e)[:200]}", file=sys.stderr)
-    return
   sort_fn = accelerator.packed_sort()
-  out["times"] = timed({"public_sorted_on": lambda: on(c, ok), "public_sorted_off": lambda: off(c, ok),
-                        "lax_sort_packed_key": lambda: sort_fn(c, ok)}, repeats, nbytes, spec)
-  for label, s in out["times"].items():
-    report("sweep_T1000", label, s)
-  print(f"sweep_T1000: results equal with the sort on and off: {out['public_equal']}",
-        file=sys.stderr)
-
-
-def rank_cases(c, ok, repeats, nbytes, spec, payload) -> None:
-  """The AURC family with the group starts by running maxima and by scatter and gather."""
-  from cwsa_jax import _risk_coverage
-  sort_fn = accelerator.packed_sort()
-  for name, fn in {"aurc_step": lambda c, k: cj.aurc(c, k),
-                   "aurc_trapezoid": lambda c, k: cj.aurc(c, k, convention="trapezoid"),
-                   "curve": lambda c, k: cj.risk_coverage_curve(c, k)}.items():
-    out = {}
+  sorts, scans = ("public_sort_on", "public_sort_off"), ("running_max", "scatter_gather")
+  for name, fn, module, switch, labels in (
+      ("sweep_T1000", lambda c, k: cj.sweep(c, k, t), _sorted_sums, "ENABLED", sorts),
+      ("ece_mass", lambda c, k: cj.ece(c, k, binning="mass"), _sort, "SELECT_BY_SORT_ON_GPU",
+       sorts),
+      ("aurc_step", cj.aurc, _risk_coverage, "STARTS_BY_RUNNING_MAX", scans),
+      ("aurc_trapezoid", lambda c, k: cj.aurc(c, k, convention="trapezoid"), _risk_coverage,
+       "STARTS_BY_RUNNING_MAX", scans),
+      ("curve", cj.risk_coverage_curve, _risk_coverage, "STARTS_BY_RUNNING_MAX", scans)):
+    out = {"switch": f"{module.__name__}.{switch}"}
     payload["cases"][name] = out
     try:
-      new, old, out["equal"] = switched(fn, _risk_coverage, "STARTS_BY_RUNNING_MAX", c, ok)
+      on, off, out["equal"] = switched(fn, module, switch, c, ok)
     except Exception as e:  # noqa: BLE001 - report and go on
       out["error"] = f"{type(e).__name__}: {str(e)[:400]}"
       print(f"{name}: ERROR {str(e)[:200]}", file=sys.stderr)
       continue
-    out["times"] = timed({"running_max": lambda: new(c, ok), "scatter_gather": lambda: old(c, ok),
+    out["times"] = timed({labels[0]: lambda: on(c, ok), labels[1]: lambda: off(c, ok),
                           "lax_sort_packed_key": lambda: sort_fn(c, ok)}, repeats, nbytes, spec)
     for label, s in out["times"].items():
       report(name, label, s)
-    print(f"{name}: results equal: {out['equal']}", file=sys.stderr)
+    print(f"{name}: results equal with {switch} on and off: {out['equal']}", file=sys.stderr)
 
 
 def main(argv=None) -> int:
@@ -235,9 +223,8 @@ def main(argv=None) -> int:
           file=sys.stderr)
     if args.out:
       write_json_atomic(args.out, payload)
-  many_thresholds_case(c, ok, args.repeats, nbytes, spec, payload)
   models_case(args.repeats, spec, payload, args.quick)
-  rank_cases(c, ok, args.repeats, nbytes, spec, payload)
+  switch_cases(c, ok, args.repeats, nbytes, spec, payload)
   payload["elapsed_s"] = time.perf_counter() - start
   if args.out:
     write_json_atomic(args.out, payload)

@@ -25,7 +25,7 @@ runs about 6x faster when NumPy is started with
 process that a library cannot make after NumPy is imported.
 
 Order statistics need no sort: :func:`order_statistics` is a radix select
-in plain XLA on every backend.
+in plain XLA (on CUDA GPUs, whose scatter-adds contend, one ``lax.sort``).
 
 Measured in ``benchmarks/bench_vs_numpy.py`` (the AURC family, the
 risk-coverage curve, equal-mass calibration bins), with either NumPy dispatch.
@@ -307,15 +307,21 @@ def cumsum(x: jax.Array, axis: int = 0) -> jax.Array:
   return _per_backend(_sequential_cumsum, _device_cumsum, x, axis=axis)
 
 
-def order_statistics(keys: jax.Array, positions: Sequence[int], *, key_bits: int = 31) -> jax.Array:
-  """The sorted ``keys`` [n] at the static ``positions`` (clamped to n - 1), without sorting.
+# CUDA GPUs: order statistics by one lax.sort (True) or the radix select (False; an A/B
+# switch for benchmarks/gpu_choices.py).
+SELECT_BY_SORT_ON_GPU = True
 
-  A two-level radix select, pure XLA on every backend (faster than
-  ``np.partition`` on CPU): a histogram of the high bits of every key finds
-  the bucket holding each wanted rank and the rank within it; a second
-  histogram of the low bits, over the keys of those buckets only, finds the
-  exact key. Two scatter-add passes over the data and prefix sums over the
-  histograms.
+
+def order_statistics(keys: jax.Array, positions: Sequence[int], *, key_bits: int = 31) -> jax.Array:
+  """The sorted ``keys`` [n] at the static ``positions`` (clamped to n - 1).
+
+  A two-level radix select, pure XLA (faster than ``np.partition`` on CPU):
+  a histogram of the high bits of every key finds the bucket holding each
+  wanted rank and the rank within it; a second histogram of the low bits,
+  over the keys of those buckets only, finds the exact key. Two scatter-add
+  passes over the data and prefix sums over the histograms. On CUDA GPUs,
+  where those scatter-adds contend and ``lax.sort`` is fast, one sort and a
+  gather instead (:data:`SELECT_BY_SORT_ON_GPU`); the values are the same.
 
   Args:
     keys: [n] int32 keys in [0, 2^key_bits).
@@ -324,9 +330,25 @@ def order_statistics(keys: jax.Array, positions: Sequence[int], *, key_bits: int
   """
   n = keys.shape[-1]
   positions = np.minimum(np.asarray(positions, np.int64), n - 1)
-  num = positions.shape[0]
-  if num == 0:
+  if positions.shape[0] == 0:
     return jnp.zeros((0,), keys.dtype)
+  select = functools.partial(_radix_select, positions=positions, key_bits=key_bits)
+  if not SELECT_BY_SORT_ON_GPU:
+    return select(keys)
+  return _select_by_platform(keys, cuda=functools.partial(_sorted_at, positions=positions),
+                             default=select)
+
+
+def _sorted_at(keys: jax.Array, *, positions: np.ndarray) -> jax.Array:
+  return lax.sort(keys)[positions]
+
+
+# Picks the form when the computation is lowered (tests call the CUDA form on the CPU).
+_select_by_platform = lax.platform_dependent
+
+
+def _radix_select(keys: jax.Array, *, positions: np.ndarray, key_bits: int) -> jax.Array:
+  num = positions.shape[0]
   low_bits = key_bits // 2 - 1
   num_high, num_low = 1 << (key_bits - low_bits), 1 << low_bits
   ones = jnp.ones(keys.shape, jnp.int32)

@@ -119,9 +119,9 @@ def _dense_kernels():
   }
 
 
-def _cuda_form_results(module, kernel, monkeypatch) -> tuple[list, list, list]:
-  """Leaves of ``kernel()`` on the CPU form and with ``module``'s CUDA form forced, and the
-  traced calls of that form."""
+def _cuda_form_results(module, kernel, monkeypatch, attr: str = "_by_platform") -> list:
+  """Checks the leaves of ``kernel()`` equal on the CPU form and with the CUDA form of
+  ``module.attr`` (a ``platform_dependent``) forced; returns the traced calls of that form."""
   want = jax.tree.leaves(jax.tree.map(np.asarray, kernel()))
   calls = []
 
@@ -129,7 +129,7 @@ def _cuda_form_results(module, kernel, monkeypatch) -> tuple[list, list, list]:
     calls.append(1)
     return cuda(*args)
 
-  monkeypatch.setattr(module, "_by_platform", cuda_form)
+  monkeypatch.setattr(module, attr, cuda_form)
   jax.clear_caches()  # retrace: the jitted kernels were compiled with the CPU form
   try:
     got = jax.tree.leaves(jax.tree.map(np.asarray, kernel()))
@@ -222,3 +222,11 @@ def test_sorted_bucket_sums_equal_scatter_sums_on_random_draws():
     got = jax.jit(_sorted_sums.bucket_sums)(c, ok, t)
     for a, b in zip(got, scatter(jnp.asarray(c), jnp.asarray(ok), jnp.asarray(t))):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"n = {n}")
+
+
+def test_mass_binned_ece_cuda_form_equals_cpu_form(monkeypatch):
+  """Equal-mass edges by one sort (the CUDA form of ``_sort.order_statistics``): the same bins."""
+  from cwsa_jax import _sort
+  kernel = lambda: (cj.ece(C, OK, binning="mass"),  # noqa: E731
+                    cj.calibration_bins(C, KAPPA, binning="mass", num_bins=20))
+  assert _cuda_form_results(_sort, kernel, monkeypatch, attr="_select_by_platform")

@@ -286,8 +286,8 @@ def test_gpu_choices_quick_checks_every_form_exact(script_runs):
     assert cases[name]["configs"] and all(c == {"exact": True} for c in cases[name]["configs"].values())
     assert cases[name]["public_equal"] is True
   assert cases["sweep_64_models"]["public_equal"] is True
-  assert cases["sweep_T1000"]["public_equal"] is True
-  assert all(cases[name]["equal"] is True for name in ("aurc_step", "aurc_trapezoid", "curve"))
+  assert all(cases[name]["equal"] is True
+             for name in ("sweep_T1000", "ece_mass", "aurc_step", "aurc_trapezoid", "curve"))
 
 
 @_SCRIPTS

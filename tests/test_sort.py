@@ -118,8 +118,16 @@ def test_cumsum(impl):
                                   np.cumsum(x, axis=axis))
 
 
+@pytest.fixture(params=["radix_select", "cuda_sort"])
+def select_form(request, monkeypatch):
+  """Order statistics by the radix select (CPU and others) or by the CUDA form (one sort)."""
+  if request.param == "cuda_sort":
+    monkeypatch.setattr(_sort, "_select_by_platform", lambda *a, cuda, default: cuda(*a))
+  return request.param
+
+
 @pytest.mark.parametrize("case", ["uniform", "few_values", "confidences", "one"])
-def test_order_statistics_equal_sorted_positions(case):
+def test_order_statistics_equal_sorted_positions(case, select_form):
   n = {"one": 1}.get(case, 3001)
   if case == "uniform":
     keys = RNG.integers(0, 2**30, n)
@@ -133,7 +141,7 @@ def test_order_statistics_equal_sorted_positions(case):
   np.testing.assert_array_equal(got, np.sort(keys)[np.minimum(positions, n - 1)])
 
 
-def test_order_statistics_vmapped():
+def test_order_statistics_vmapped(select_form):
   keys = RNG.integers(0, 2**31 - 1, (3, 400)).astype(np.int32)
   got = jax.vmap(lambda k: _sort.order_statistics(k, [0, 17, 399]))(keys)
   np.testing.assert_array_equal(got, np.sort(keys, axis=-1)[:, [0, 17, 399]])
