@@ -135,7 +135,7 @@ def as_binary(correct) -> np.ndarray:
 def confidence_bits(c: np.ndarray) -> np.ndarray:
   """int32 bit patterns of float32 confidences in [0, 1]: they order like the values.
 
-  The sign bit is dropped, so -0.0 becomes 0 (as the kit's ``_float_key``).
+  The sign bit is dropped, so -0.0 becomes 0 (as the kit's ``_sort.float_key``).
   """
   return as_f32(c).view(np.int32) & np.int32(0x7FFFFFFF)
 

@@ -127,9 +127,7 @@ def _edges(c: jax.Array, num_bins: int, binning: str) -> jax.Array:
   positions = [-(-j * n // num_bins) for j in range(1, num_bins)]
   # Non-negative float32 order like their int32 bit patterns (below 2^30 for
   # c <= 1): integer order statistics by radix select (_sort), no sort.
-  clipped = jnp.minimum(jnp.where(c > 0, c, jnp.float32(0.0)), jnp.float32(1.0))  # -0.0 -> 0.0
-  bits = lax.bitcast_convert_type(clipped, jnp.int32)
-  interior = _sort.order_statistics(bits, positions, key_bits=30)
+  interior = _sort.order_statistics(_sort.float_key(c), positions, key_bits=30)
   interior = lax.bitcast_convert_type(interior, jnp.float32)
   return jnp.concatenate([jnp.zeros((1,), jnp.float32), interior, jnp.ones((1,), jnp.float32)])
 

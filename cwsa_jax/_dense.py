@@ -16,8 +16,8 @@ digit columns X [chunk, 16]: the count, the four base-64 digits of
 ``u = (1 - c) 2^24`` (``u_hi = u >> 12`` and ``u_lo = u & 4095``, two digits
 each) and the same five times ``correct``. Every operand is an integer of at
 most 192 (:data:`FORM`), exact in bfloat16, and every sum of a chunk of at
-most 2^16 samples stays below 2^24, exact in the float32 accumulator. Bucket ``b`` (the
-samples with exactly ``b`` rows above ``r_0`` at or below ``c``) is then
+most 2^16 samples stays below 2^24, exact in the float32 accumulator. Bucket
+``b`` (the samples with exactly ``b`` rows above ``r_0`` at or below ``c``) is then
 ``G_b - G_{b+1}``, an exact int32 difference, brought to the ``(hi, lo)``
 layout of ``_stats.segment_columns``: bit for bit the sums of the scatter
 path, so results and states do not depend on the backend.
@@ -26,8 +26,8 @@ The kernel (Pallas, Triton backend) reads each confidence and correctness
 once; rows of samples (leading axes, ``vmap``) are one launch. It is used for
 binary correctness, at most :data:`MAX_BUCKETS` buckets and no mask, groups
 or given buckets; everything else, and every other backend, keeps the
-scatter path. Tests run it on the
-CPU through Pallas' interpreter (:data:`INTERPRET`).
+scatter path. Tests run it on the CPU through Pallas' interpreter
+(:data:`INTERPRET`).
 """
 
 from __future__ import annotations

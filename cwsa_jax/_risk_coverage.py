@@ -138,12 +138,6 @@ def _batched(fn, ndim: int, num_shared: int = 0):
   return fn
 
 
-def _float_key(c: jax.Array) -> jax.Array:
-  """int32 key that orders like ``c`` for c in [0, 1] (-0.0 and NaN map to 0)."""
-  c = jnp.minimum(jnp.where(c > 0, c, jnp.float32(0.0)), jnp.float32(1.0))
-  return lax.bitcast_convert_type(c, jnp.int32)
-
-
 # --------------------------------------------------------------------------
 # Sorted outcomes and the tie-group scan
 # --------------------------------------------------------------------------
@@ -190,7 +184,7 @@ def _sorted_outcomes(c: jax.Array, correct: jax.Array, *, keep_input_order: bool
     kappa; stable, which ``keep_input_order`` needs: ties keep their input order).
   Padding: key ``_PAD_KEY``, loss 0.
   """
-  key = _float_key(c)
+  key = _sort.float_key(c)
   if correct.dtype == jnp.bool_ and not keep_input_order:
     error = jnp.logical_not(correct).astype(jnp.int32)
     neg = _sort.sort(-((key << 1) | error), length=length, fill=-2 * _PAD_KEY)
@@ -380,7 +374,7 @@ def _published_binary(c, correct, *, with_eaurc):
   """
   n = c.shape[0]
   error = jnp.logical_not(correct).astype(jnp.int32)
-  cum = _sort.stable_flag_counts(-_float_key(c), error)  # E_p, p = 1..n
+  cum = _sort.stable_flag_counts(-_sort.float_key(c), error)  # E_p, p = 1..n
   positionf = (lax.iota(jnp.int32, n) + 1).astype(jnp.float32)
 
   def trapezoid(cumf):  # sum_p w_p E_p / p and sum_p w_p E_p, w = 1 but 1/2 at p = 1 and p = n
@@ -726,7 +720,7 @@ def _group_confidences_jvp(primals, tangents):
   n = thresholds.shape[0]
   # Group of each sample: the first point (descending, padding last) at or below its value.
   key = lax.bitcast_convert_type(thresholds, jnp.int32)
-  group = jnp.searchsorted(-key, -_float_key(confidences), side="left")
+  group = jnp.searchsorted(-key, -_sort.float_key(confidences), side="left")
   group = jnp.minimum(group, num_points - 1)
   d_confidences = tangents[1].astype(jnp.float32)
   total = jax.ops.segment_sum(d_confidences, group, num_segments=n)

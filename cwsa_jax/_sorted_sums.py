@@ -35,6 +35,7 @@ from jax import lax
 
 from cwsa_jax import _dense
 from cwsa_jax import _exact
+from cwsa_jax import _sort
 
 # Samples per chunk: a chunk's column sums stay <= 4096 * 4096 = 2^24.
 _CHUNK = 4096
@@ -48,12 +49,6 @@ def applies(confidences: jax.Array, correct: jax.Array, num_buckets: int) -> boo
   n = confidences.shape[-1]
   return (ENABLED and correct.dtype == jnp.bool_ and confidences.ndim == 1 and n >= 1
           and n < (1 << 31) - 2 * _CHUNK and num_buckets > _dense.MAX_BUCKETS)
-
-
-def _key(x: jax.Array) -> jax.Array:
-  """int32 key ordering like ``clip(x, 0, 1)`` (-0.0 and NaN as 0)."""
-  x = jnp.minimum(jnp.where(x > 0, x, jnp.float32(0.0)), jnp.float32(1.0))
-  return lax.bitcast_convert_type(x, jnp.int32)
 
 
 def _column_sums(packed: jax.Array, keep: jax.Array | None = None) -> jax.Array:
@@ -79,11 +74,12 @@ def bucket_sums(confidences: jax.Array, correct: jax.Array,
   n = confidences.shape[0]
   num_chunks = n // _CHUNK + 1  # the chunk holding position n exists
   confidences = lax.stop_gradient(confidences)  # integer sums: callers define the derivative
-  packed = (_key(confidences) << 1) | correct.astype(jnp.int32)
+  packed = (_sort.float_key(confidences) << 1) | correct.astype(jnp.int32)
   # Padding sorts last; no prefix P(q), q <= n, reaches it.
   packed = jnp.pad(packed, (0, num_chunks * _CHUNK - n), constant_values=jnp.iinfo(jnp.int32).max)
   chunks = lax.sort(packed).reshape(num_chunks, _CHUNK)
-  t_key = jnp.where(sorted_thresh > 1.0, _ABOVE_ONE, _key(sorted_thresh))  # +inf: above all
+  # Thresholds above 1 (+inf included) lie above every sample.
+  t_key = jnp.where(sorted_thresh > 1.0, _ABOVE_ONE, _sort.float_key(sorted_thresh))
   below = jnp.searchsorted(chunks.reshape(-1), t_key << 1, side="left").astype(jnp.int32)
   q = jnp.concatenate([jnp.zeros((1,), jnp.int32), below, jnp.full((1,), n, jnp.int32)])
   # Exclusive running sums of the chunk totals, in (hi, lo) form: [6, chunks].
