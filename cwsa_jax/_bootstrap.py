@@ -577,8 +577,13 @@ def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int 
   ``functools.partial`` of it with equal-width bins, at most 64) with boolean
   correctness is bucketed once: each resample gathers one packed word per
   draw and sums it into the bins (the same exact sums, so the same values,
-  bit for bit); a lambda around it takes the generic path. For a sweep, see
-  :func:`bootstrap_sweep`.
+  bit for bit). So is a keyword-only ``functools.partial`` of
+  :func:`~cwsa_jax.sweep` with its ``thresholds`` (and ``normalize``), as
+  :func:`bootstrap_sweep` does it: the same exact sums per resample, values
+  equal to float32 rounding (a final division may differ by an ulp, since a
+  lambda's thresholds are compile-time constants). A lambda around either
+  takes the generic path: each resample recomputes ``fn`` from its gathered
+  samples.
 
   Args:
     fn: ``(confidences [n], correct [n]) -> metric``, where the metric is a
@@ -620,10 +625,15 @@ def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int 
   if _traced(c, k, key, level):
     return _ci_jit(fn, c, k, key, jnp.float32(level), num_resamples, chunk_size)
   estimate = _estimate_jit(fn, c, k)
-  ece_options = _ece_options(fn)
+  ece_options, sweep_options = _ece_options(fn), _sweep_options(fn)
   if ece_options is not None and k.dtype == jnp.bool_:  # bucket once (same values)
     words = _ece_words(c, k, ece_options[0])
     block = lambda start, size, chunks: _ece_block_jit(words, key, start, *ece_options, size, chunks)  # noqa: E731
+  elif sweep_options is not None:  # bucket once, as bootstrap_sweep
+    t, normalize = sweep_options
+    per_sample, invalid = _sweep_per_sample_jit(c.astype(jnp.float32), k, t)
+    block = lambda start, size, chunks: _sweep_block_jit(  # noqa: E731
+        per_sample, invalid, t, key, start, normalize, size, chunks)
   else:
     block = lambda start, size, chunks: _block_jit(fn, c, k, key, start, size, chunks)  # noqa: E731
   samples = _run_blocks(block, num_resamples, chunk_size, c.shape[0])
@@ -758,6 +768,19 @@ def _sweep_estimate_jit(confidences, correct, thresholds, normalize):
   return metrics(*per_sample), per_sample, invalid
 
 
+_sweep_per_sample_jit = jax.jit(_sweep_per_sample)
+
+
+def _sweep_options(fn: Callable) -> tuple[jax.Array, str] | None:
+  """(thresholds, normalize) when ``fn`` is a keyword-only ``functools.partial`` of
+  :func:`~cwsa_jax.sweep` with its thresholds; else None."""
+  keywords = _keywords(fn, _sweep.sweep, {"thresholds", "normalize"})
+  if keywords is None or "thresholds" not in keywords:
+    return None
+  # The options are valid here: bootstrap_ci computes the estimate, the sweep itself, first.
+  return _validation.as_thresholds(keywords["thresholds"]), keywords.get("normalize", "retained")
+
+
 @functools.partial(jax.jit, static_argnames=("normalize", "size", "num_chunks"), **_RESAMPLING)
 def _sweep_block_jit(per_sample, invalid, thresholds, key, start, normalize, size, num_chunks):
   metrics = _sweep_metrics(thresholds, invalid, normalize)
@@ -821,13 +844,20 @@ def bootstrap_sweep(confidences, correct, thresholds, *, key, num_resamples: int
 # --- bootstrap_ci(ece): bucket once --------------------------------------------------------
 
 
-def _ece_options(fn: Callable) -> tuple[int, str] | None:
-  """(num_bins, norm) when ``fn`` is :func:`~cwsa_jax.ece`, or a keyword-only
-  ``functools.partial`` of it, with equal-width bins that fit a packed word; else None."""
+def _keywords(fn: Callable, metric: Callable, allowed: set[str]) -> dict | None:
+  """The keywords of ``fn`` when it is ``metric`` or a keyword-only ``functools.partial``
+  of it with keywords among ``allowed``; else None."""
   keywords = {}
   if isinstance(fn, functools.partial) and not fn.args:
     fn, keywords = fn.func, dict(fn.keywords)
-  if fn is not _calibration.ece or not set(keywords) <= {"num_bins", "norm", "binning"}:
+  return keywords if fn is metric and set(keywords) <= allowed else None
+
+
+def _ece_options(fn: Callable) -> tuple[int, str] | None:
+  """(num_bins, norm) when ``fn`` is :func:`~cwsa_jax.ece`, or a keyword-only
+  ``functools.partial`` of it, with equal-width bins that fit a packed word; else None."""
+  keywords = _keywords(fn, _calibration.ece, {"num_bins", "norm", "binning"})
+  if keywords is None:
     return None
   # The options are valid here: bootstrap_ci computes the estimate, ece itself, first.
   num_bins, norm = keywords.get("num_bins", 15), keywords.get("norm", "l1")

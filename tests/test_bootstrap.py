@@ -429,6 +429,46 @@ def test_bootstrap_ci_of_ece_with_graded_correctness_and_bad_options():
     bootstrap_ci(functools.partial(ece, norm="l3"), c, ok, key=KEY, num_resamples=5)
 
 
+@pytest.mark.parametrize("graded,normalize", [(False, "retained"), (False, "all"),
+                                               (True, "retained")])
+def test_bootstrap_ci_of_a_sweep_partial_buckets_once(graded, normalize):
+  # A keyword-only partial of sweep takes bootstrap_sweep's path: the same intervals as
+  # bootstrap_sweep bit for bit, and as the generic path and the sweep itself to float32
+  # rounding (compiled with constant thresholds, a division may round an ulp apart).
+  from cwsa_jax import _bootstrap
+  c, ok = data(graded=graded)
+  fn = functools.partial(sweep, thresholds=GRID, normalize=normalize)
+  generic = lambda a, b: sweep(a, b, GRID, normalize=normalize)  # noqa: E731
+  assert _bootstrap._sweep_options(fn) is not None and _bootstrap._sweep_options(generic) is None
+  got = bootstrap_ci(fn, c, ok, key=KEY, num_resamples=B)
+  fast = bootstrap_sweep(c, ok, GRID, key=KEY, num_resamples=B, normalize=normalize)
+  slow = bootstrap_ci(generic, c, ok, key=KEY, num_resamples=B)
+  direct = sweep(c, ok, GRID, normalize=normalize)
+  for f in ("coverage", "selective_accuracy", "cwsa", "cwsa_plus"):
+    np.testing.assert_allclose(getattr(got.estimate, f), getattr(direct, f), rtol=2e-7, atol=1e-7)
+    for part in ("low", "high"):
+      x = np.asarray(getattr(getattr(got, part), f))
+      np.testing.assert_array_equal(x, getattr(getattr(fast, part), f), err_msg=f"{part}.{f}")
+      np.testing.assert_allclose(x, getattr(getattr(slow, part), f), rtol=2e-7, atol=1e-7,
+                                 err_msg=f"{part}.{f}")
+
+
+def test_bootstrap_ci_of_other_sweep_forms():
+  from cwsa_jax import _bootstrap
+  c, ok = data()
+  for fn in (sweep, functools.partial(sweep, normalize="all"),
+             functools.partial(sweep, thresholds=GRID, bogus=1)):
+    assert _bootstrap._sweep_options(fn) is None
+    with pytest.raises(TypeError):  # fails as the sweep itself would
+      bootstrap_ci(fn, c, ok, key=KEY, num_resamples=5)
+  with pytest.raises(ValueError, match="threshold"):
+    bootstrap_ci(functools.partial(sweep, thresholds=[0.5, 1.5]), c, ok, key=KEY,
+                 num_resamples=5)
+  with pytest.raises(ValueError, match="normalize"):
+    bootstrap_ci(functools.partial(sweep, thresholds=GRID, normalize="bogus"), c, ok, key=KEY,
+                 num_resamples=5)
+
+
 @jax.jit
 def _bucket_sums_three_ways(c, ok, grid):
   """The sweep's bucket sums, and those of the packed words, alone and vmapped."""
