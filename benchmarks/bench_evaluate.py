@@ -1,7 +1,8 @@
-"""``cwsa-jax evaluate`` end to end on large CSV and Parquet files: wall time and peak memory.
+"""``cwsa-jax evaluate`` (and ``compare``) end to end on large CSV and Parquet files: wall time
+and peak memory.
 
 Usage: python benchmarks/bench_evaluate.py [--rows 2e6,5e6] [--formats csv,parquet]
-       [--bootstrap 1000] [--out results/benchmarks/evaluate.json]
+       [--bootstrap 1000] [--commands evaluate,compare] [--out results/benchmarks/evaluate.json]
 
 Each file (``y_true,y_pred,confidence``, 10 classes, about 80% accuracy,
 confidence ~ U(0.3, 1) and correct with probability c; seed 0) is written to
@@ -12,6 +13,9 @@ and ``--no-progress``. Recorded per file: the file's size, the wall time of
 the whole command (interpreter start and JAX compilation included) and the
 peak RSS of that process (``ru_maxrss`` of the child). The goals of issue 13:
 a 5M-row CSV in <= 60 s and a 2M-row one in <= 30 s with default intervals.
+``compare`` runs ``cwsa-jax compare FILE FILE_B`` with the same flags, where
+FILE_B holds another model's predictions of the same test set (same labels,
+its own confidences and correctness).
 """
 
 from __future__ import annotations
@@ -31,10 +35,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import emit, load_average  # noqa: E402
 
 
-def write_file(path: Path, n: int) -> None:
+def write_file(path: Path, n: int, model: int = 0) -> None:
   rng = np.random.default_rng(0)
   c = rng.uniform(0.3, 1.0, n).astype(np.float32)
   y_true = rng.integers(0, 10, n)
+  if model:  # another model's predictions of the same test set
+    rng = np.random.default_rng(model)
+    c = rng.uniform(0.3, 1.0, n).astype(np.float32)
   correct = rng.random(n) < c
   y_pred = np.where(correct, y_true, (y_true + rng.integers(1, 10, n)) % 10)
   if path.suffix == ".parquet":
@@ -51,12 +58,12 @@ def write_file(path: Path, n: int) -> None:
       f.write("\n".join(f"{a},{b},{x}" for (a, b), x in zip(block, conf)) + "\n")
 
 
-def run_evaluate(path: Path, out: Path, bootstrap: int) -> dict:
-  """Runs the command in a child; its own peak RSS comes from ``os.wait4``."""
+def run_command(argv: list, bootstrap: int) -> dict:
+  """Runs ``cwsa-jax argv`` in a child; its own peak RSS comes from ``os.wait4``."""
   with tempfile.TemporaryFile("w+") as err:
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "cwsa_jax.cli", "evaluate", str(path), "--out",
-                             str(out), "--bootstrap", str(bootstrap), "--no-progress"],
+    proc = subprocess.Popen([sys.executable, "-m", "cwsa_jax.cli", *map(str, argv), "--bootstrap",
+                             str(bootstrap), "--no-progress"],
                             stdout=subprocess.DEVNULL, stderr=err)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
@@ -73,23 +80,34 @@ def main(argv=None) -> int:
   parser.add_argument("--rows", default="2e6,5e6")
   parser.add_argument("--formats", default="csv,parquet")
   parser.add_argument("--bootstrap", type=int, default=1000)
+  parser.add_argument("--commands", default="evaluate,compare")
   parser.add_argument("--out", default=None)
   args = parser.parse_args(argv)
+  commands = args.commands.split(",")
   payload = {"load_average_before": load_average(),
              "settings": {"bootstrap": args.bootstrap, "command": "cwsa-jax evaluate FILE --bootstrap B "
-                          "--no-progress (defaults otherwise: figures, per-class breakdown)"},
+                          "--no-progress (defaults otherwise: figures, per-class breakdown)",
+                          "compare": "cwsa-jax compare FILE FILE_B --bootstrap B --no-progress "
+                          "(defaults otherwise)"},
              "rows": []}
   sizes = sorted(int(float(s)) for s in args.rows.split(","))
   with tempfile.TemporaryDirectory() as tmp:
     for n in sizes:
       for fmt in args.formats.split(","):
-        path = Path(tmp) / f"pred-{n}.{fmt}"
+        path, other = Path(tmp) / f"pred-{n}.{fmt}", Path(tmp) / f"pred-{n}-b.{fmt}"
         write_file(path, n)
-        row = {"rows": n, "format": fmt, "file_mb": path.stat().st_size / 1e6,
-               **run_evaluate(path, Path(tmp) / f"out-{n}-{fmt}", args.bootstrap)}
-        path.unlink()
-        payload["rows"].append(row)
-        print(json.dumps(row), file=sys.stderr, flush=True)
+        runs = {"evaluate": lambda: ["evaluate", path, "--out", Path(tmp) / f"out-{n}-{fmt}"],
+                "compare": lambda: ["compare", path, other]}
+        if "compare" in commands:
+          write_file(other, n, model=1)
+        for command in commands:
+          row = {"command": command, "rows": n, "format": fmt,
+                 "file_mb": path.stat().st_size / 1e6,
+                 **run_command(runs[command](), args.bootstrap)}
+          payload["rows"].append(row)
+          print(json.dumps(row), file=sys.stderr, flush=True)
+        for p in (path, other):
+          p.unlink(missing_ok=True)
   payload["load_average_after"] = load_average()
   emit("evaluate_end_to_end", payload, out=args.out)
   return 0

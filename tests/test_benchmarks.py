@@ -341,7 +341,7 @@ def test_accelerator_bandwidth_table():
   assert accelerator.spec_bandwidth("cpu") is None
 
 
-def test_bench_evaluate_runs_the_command_on_csv_and_parquet(tmp_path):
+def test_bench_evaluate_runs_evaluate_and_compare_on_csv_and_parquet(tmp_path):
   pytest.importorskip("pyarrow")
   out = tmp_path / "evaluate.json"
   proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_evaluate.py"),
@@ -351,7 +351,9 @@ def test_bench_evaluate_runs_the_command_on_csv_and_parquet(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   payload = json.loads(proc.stdout)
   assert payload == json.loads(out.read_text())
-  assert [(r["rows"], r["format"]) for r in payload["rows"]] == [(2000, "csv"), (2000, "parquet")]
+  assert [(r["command"], r["format"]) for r in payload["rows"]] == [
+      ("evaluate", "csv"), ("compare", "csv"), ("evaluate", "parquet"), ("compare", "parquet")]
+  assert {r["rows"] for r in payload["rows"]} == {2000}
   for row in payload["rows"]:
     assert row["exit"] == 0, row
     assert row["wall_s"] > 0 and row["peak_rss_mb"] > 50 and row["file_mb"] > 0

@@ -514,6 +514,16 @@ def test_bootstrap_sweep_normalize_all_is_applied_per_resample():
 
 # --- every metric of the evaluation report from one sort --------------------------------------
 
+def _report_reference(c, k, *, convention, norm, num_bins=10):
+  """float64 accuracy, ECE, AURC, E-AURC, AUGRC and the sweep [T, 4] at GRID, flattened as
+  the evaluation bootstrap's fields."""
+  s = reference.sweep(c, k, GRID)  # [T, 4]
+  return np.concatenate([
+      [np.mean(k), reference.ece(c, k, num_bins=num_bins, norm=norm),
+       reference.aurc(c, k, convention), reference.eaurc(c, k, convention),
+       reference.aurc(c, k, convention, generalized=True)], s.T.reshape(-1)])
+
+
 @pytest.mark.parametrize("convention, norm", [("step", "l1"), ("trapezoid", "l2"), ("step", "max")])
 def test_bootstrap_evaluation_matches_float64_references(convention, norm):
   """Same resamples as bootstrap_ci; the sweep, ECE, accuracy, AURC family of each resample
@@ -525,14 +535,7 @@ def test_bootstrap_evaluation_matches_float64_references(convention, norm):
                            aurc_convention=convention)
   assert isinstance(r.low, EvaluationMetrics)
   idx = np.asarray(_resample_indices(KEY, N, B))
-
-  def ref(ci, ki):
-    s = reference.sweep(ci, ki, GRID)  # [T, 4]
-    return np.concatenate([
-        [np.mean(ki), reference.ece(ci, ki, num_bins=10, norm=norm),
-         reference.aurc(ci, ki, convention), reference.eaurc(ci, ki, convention),
-         reference.aurc(ci, ki, convention, generalized=True)], s.T.reshape(-1)])
-
+  ref = functools.partial(_report_reference, convention=convention, norm=norm)
   want = np.stack([ref(c[i], ok[i]) for i in idx])
   flat = lambda m: np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in m])  # noqa: E731
   np.testing.assert_allclose(flat(r.estimate), ref(c, ok), atol=ATOL, rtol=0, equal_nan=True)
@@ -551,20 +554,57 @@ def test_bootstrap_evaluation_poisson_matches_float64_references(convention, nor
                            aurc_convention=convention, resampling="poisson")
   m = np.asarray(_poisson_multiplicities(KEY, np.arange(N), B))
   assert len(set(m.sum(axis=1))) > 1  # the resample size varies
-
-  def ref(ci, ki):
-    s = reference.sweep(ci, ki, GRID)
-    return np.concatenate([
-        [np.mean(ki), reference.ece(ci, ki, num_bins=10, norm=norm),
-         reference.aurc(ci, ki, convention), reference.eaurc(ci, ki, convention),
-         reference.aurc(ci, ki, convention, generalized=True)], s.T.reshape(-1)])
-
+  ref = functools.partial(_report_reference, convention=convention, norm=norm)
   want = np.stack([ref(np.repeat(c, mi), np.repeat(ok, mi)) for mi in m])
   flat = lambda x: np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in x])  # noqa: E731
   np.testing.assert_allclose(flat(r.estimate), ref(c, ok), atol=ATOL, rtol=0, equal_nan=True)
   low, high = quantiles(want)
   np.testing.assert_allclose(flat(r.low), low, atol=ATOL, rtol=0, equal_nan=True)
   np.testing.assert_allclose(flat(r.high), high, atol=ATOL, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("resampling", ["multinomial", "poisson"])
+def test_paired_evaluation_matches_float64_references(resampling):
+  """Both models get the same resamples (the indices of paired_bootstrap, or the same Poisson
+  multiplicity per row); each resample's differences, their interval and p-value."""
+  from cwsa_jax._bootstrap import (EvaluationMetrics, _poisson_multiplicities,
+                                   paired_evaluation)
+  c, ok = data(seed=11)
+  c[: N // 4] = np.round(c[: N // 4], 2)  # ties
+  c_b = np.clip(c + np.where(ok, 0.3, -0.3), 0, 1).astype(np.float32)  # ranks better
+  ok_b = ok.copy()
+  ok_b[:40] = ~ok_b[:40]
+  r = paired_evaluation(c, ok, c_b, ok_b, GRID, key=KEY, num_resamples=B, num_bins=10,
+                        resampling=resampling)
+  assert isinstance(r.difference, EvaluationMetrics)
+  ref = functools.partial(_report_reference, convention="step", norm="l1")
+  if resampling == "multinomial":
+    pick = [lambda x, i=i: x[i] for i in np.asarray(_resample_indices(KEY, N, B))]
+  else:
+    pick = [lambda x, m=m: np.repeat(x, m) for m in np.asarray(_poisson_multiplicities(KEY, np.arange(N), B))]
+  d = np.stack([ref(f(c), f(ok)) - ref(f(c_b), f(ok_b)) for f in pick])
+  flat = lambda x: np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in x])  # noqa: E731
+  np.testing.assert_allclose(flat(r.estimate_a), ref(c, ok), atol=ATOL, rtol=0, equal_nan=True)
+  np.testing.assert_allclose(flat(r.estimate_b), ref(c_b, ok_b), atol=ATOL, rtol=0, equal_nan=True)
+  np.testing.assert_allclose(flat(r.difference), ref(c, ok) - ref(c_b, ok_b), atol=ATOL, rtol=0,
+                             equal_nan=True)
+  low, high = quantiles(d)
+  np.testing.assert_allclose(flat(r.low), low, atol=ATOL, rtol=0, equal_nan=True)
+  np.testing.assert_allclose(flat(r.high), high, atol=ATOL, rtol=0, equal_nan=True)
+  valid = ~np.isnan(d)
+  count = lambda x: np.sum(valid & x, axis=0)  # noqa: E731
+  p = np.minimum(1, 2 * np.minimum(1 + count(d <= 0), 1 + count(d >= 0)) / (1 + valid.sum(0)))
+  clear = np.all(np.abs(d) > 1e-5, axis=0) | np.all(d == 0, axis=0)  # no sign left to rounding
+  np.testing.assert_allclose(flat(r.p_value)[clear], p[clear], rtol=1e-6)
+  assert np.any(clear & (p < 0.05)) and np.any(clear & (p > 0.5))  # both kinds checked
+  # One model against itself: every difference exactly 0, p = 1.
+  same = paired_evaluation(c, ok, c, ok, GRID, key=KEY, num_resamples=B, resampling=resampling)
+  assert np.all(flat(same.difference) == 0) and np.all(flat(same.low) == 0)
+  assert np.all(flat(same.p_value)[~np.isnan(flat(same.p_value))] == 1)
+  with pytest.raises(ValueError, match="same samples"):
+    paired_evaluation(c, ok, c_b[:-1], ok_b[:-1], GRID, key=KEY, resampling=resampling)
+  with pytest.raises(ValueError, match="boolean"):
+    paired_evaluation(c, ok, c_b, ok_b * 0.5, GRID, key=KEY, resampling=resampling)
 
 
 def test_harmonic_difference_against_float64_sums():

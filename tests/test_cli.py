@@ -675,6 +675,31 @@ def test_compare_paired_difference_interval_and_p_value(tmp_path, capsys, pair):
   assert all(v == 0 for v in s["difference"]["cwsa"]) and s["p_value"]["aurc"] == 1
 
 
+def test_compare_resampling_schemes(tmp_path, capsys, pair):
+  """Poisson row weights by default (as evaluate); --resampling multinomial gives
+  paired_bootstrap's resamples, each model sorted once: its values to float32 rounding."""
+  from cwsa_jax.cli import _intervals
+  a, b, (ca, oka), (cb, okb) = pair
+  out = tmp_path / "poisson.json"
+  stdout = run_ok(["compare", a, b, "--bootstrap", "200", "--out", out], capsys)
+  assert "200 poisson resamples" in stdout
+  assert json.loads(out.read_text())["resampling"] == "poisson"
+  out = tmp_path / "multi.json"
+  run_ok(["compare", a, b, "--bootstrap", "200", "--resampling", "multinomial", "--out", out],
+         capsys)
+  r = json.loads(out.read_text())
+  assert r["resampling"] == "multinomial"
+  settings = _intervals.Settings(thresholds=(0.5, 0.9))
+  want = cw.paired_bootstrap(_intervals.metric_fn(settings), jnp.asarray(ca), jnp.asarray(oka),
+                             jnp.asarray(cb), jnp.asarray(okb), key=jax.random.key(0),
+                             num_resamples=200)
+  for part in ("difference", "low", "high"):
+    for name in ("accuracy", "ece", "aurc", "eaurc", "augrc", "cwsa", "coverage"):
+      np.testing.assert_allclose(r[part][name], np.asarray(getattr(getattr(want, part), name)),
+                                 atol=2e-6, err_msg=f"{part} {name}")
+  assert r["p_value"]["aurc"] == pytest.approx(float(want.p_value.aurc))
+
+
 def test_compare_bad_input(tmp_path, capsys, pair, model):
   a, b, _, _ = pair
   np.savez(tmp_path / "short.npz", confidences=model.confidences[:10], correct=model.correct[:10])

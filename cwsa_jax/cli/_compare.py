@@ -17,7 +17,9 @@ DESCRIPTION = ("Paired percentile bootstrap of A - B for accuracy, ECE, AURC, E-
                "CWSA, CWSA+, selective accuracy and coverage at the given thresholds: the "
                "difference, its interval and a two-sided p-value. Both files must hold the same "
                "test samples in the same order (same formats as `evaluate`); that is checked only "
-               "when both hold the true labels, not for confidence,correct files.")
+               "when both hold the true labels, not for confidence,correct files. Both models "
+               "get the same resamples (Poisson row weights by default, as in `evaluate`), and "
+               "each is sorted once.")
 HEADERS = ("metric", "A", "B", "A - B", "low", "high", "p")
 
 
@@ -42,9 +44,10 @@ def run(args: argparse.Namespace) -> int:
   with progress_bar(args.bootstrap, "bootstrap", enabled=show, unit="resample") as bar:
     comp = _intervals.comparison((a.confidences, a.correct), (b.confidences, b.correct), settings,
                                  num_resamples=args.bootstrap, level=args.level, seed=args.seed,
-                                 progress=bar.update)
+                                 resampling=args.resampling, progress=bar.update)
   print(f"A = {args.a}\nB = {args.b}\nn = {len(a.confidences)} (paired), {args.bootstrap} "
-        f"resamples, {args.level:.0%} intervals of A - B, two-sided bootstrap p-values")
+        f"{comp.resampling} resamples, {args.level:.0%} intervals of A - B, two-sided bootstrap "
+        "p-values")
   print(text_table(HEADERS, _intervals.comparison_rows(comp, thresholds)))
   unchecked = [str(f) for f, labels in ((args.a, labels_a), (args.b, labels_b)) if labels is None]
   if unchecked:
@@ -74,5 +77,6 @@ def add_parser(sub) -> None:
   p.add_argument("--force", action="store_true",
                  help="replace an existing --out file written by cwsa-jax compare")
   _intervals.add_bootstrap_flags(p, default_resamples=1000, allow_zero=False)
+  _intervals.add_resampling_flag(p)
   add_progress_flag(p)
   p.set_defaults(func=run)

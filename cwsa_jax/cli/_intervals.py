@@ -101,6 +101,7 @@ class Comparison(NamedTuple):
   low: IntervalMetrics
   high: IntervalMetrics
   p_value: IntervalMetrics
+  resampling: str = "multinomial"  # or "poisson"
 
 
 @functools.lru_cache(maxsize=8)  # one function per settings: jit caches stay warm
@@ -128,7 +129,7 @@ def _as_numpy(values: IntervalMetrics) -> IntervalMetrics:
 
 
 def add_resampling_flag(p: argparse.ArgumentParser) -> None:
-  """--resampling poisson|multinomial (evaluate)."""
+  """--resampling poisson|multinomial (evaluate, compare)."""
   p.add_argument("--resampling", choices=_bootstrap.RESAMPLING,
                  help="bootstrap resamples: poisson (each row weighted by a Poisson(1) draw; "
                  "the default where it applies: --binning width and --aurc step or trapezoid) "
@@ -179,16 +180,27 @@ def evaluation_intervals(confidences: Any, correct: Any, settings: Settings, *,
 
 
 def comparison(a: tuple[Any, Any], b: tuple[Any, Any], settings: Settings, *,
-               num_resamples: int, level: float, seed: int,
+               num_resamples: int, level: float, seed: int, resampling: str | None = None,
                progress: Callable[[int], Any] | None = None) -> Comparison:
   """Paired bootstrap of every metric of models ``a`` and ``b`` ((confidences, correct) each);
-  ``progress`` as in :func:`evaluation_intervals`."""
+  ``resampling`` and ``progress`` as in :func:`evaluation_intervals`: each model is sorted
+  and bucketed once where the evaluation bootstrap applies."""
   args = [jnp.asarray(x, dt) for pair in (a, b) for x, dt in zip(pair, (jnp.float32, jnp.bool_))]
+  scheme = resampling_scheme(settings, resampling)
   with _bootstrap.reporting(progress):
-    r = cw.paired_bootstrap(metric_fn(settings), *args, key=jax.random.key(seed),
-                            num_resamples=num_resamples, level=level)
+    if _one_sort(settings) and args[0].shape[0] < _bootstrap._MAX_EVALUATION_N[scheme]:
+      r = _bootstrap.paired_evaluation(
+          *args, settings.grid, key=jax.random.key(seed), num_resamples=num_resamples,
+          level=level, num_bins=settings.num_bins, ece_norm=settings.ece_norm,
+          aurc_convention=settings.aurc_convention, normalize=settings.normalize,
+          resampling=scheme)
+    else:  # other conventions, or more samples than the one-sort bootstrap sums exactly
+      scheme = "multinomial"
+      r = cw.paired_bootstrap(metric_fn(settings), *args, key=jax.random.key(seed),
+                              num_resamples=num_resamples, level=level)
   return Comparison(level, num_resamples, seed,
-                    *(_as_numpy(getattr(r, name)) for name in Comparison._fields[3:]))
+                    *(_as_numpy(getattr(r, name)) for name in _bootstrap.PairedBootstrapResult._fields),
+                    resampling=scheme)
 
 
 def interval_rows(metrics: Any, intervals: Intervals, settings: Settings) -> list[list[str]]:

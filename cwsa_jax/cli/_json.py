@@ -122,7 +122,8 @@ def intervals_json(intervals: Intervals) -> dict[str, Any]:
 
 def comparison_json(comparison: Comparison) -> dict[str, Any]:
   """The paired bootstrap: A, B, A - B, its interval and p-value of every metric."""
-  return {"method": "paired percentile bootstrap", "level": comparison.level,
+  return {"method": "paired percentile bootstrap", "resampling": comparison.resampling,
+          "level": comparison.level,
           "num_resamples": comparison.num_resamples, "seed": comparison.seed,
           **{name: _per_metric(getattr(comparison, name))
              for name in ("estimate_a", "estimate_b", "difference", "low", "high", "p_value")}}
