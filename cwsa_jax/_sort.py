@@ -307,14 +307,18 @@ def cumsum(x: jax.Array, axis: int = 0) -> jax.Array:
   return _per_backend(_sequential_cumsum, _device_cumsum, x, axis=axis)
 
 
+def clip_unit(x: jax.Array) -> jax.Array:
+  """``clip(x, 0, 1)`` of float32 ``x`` with -0.0 and NaN as +0.0."""
+  return jnp.minimum(jnp.where(x > 0, x, jnp.float32(0.0)), jnp.float32(1.0))
+
+
 def float_key(x: jax.Array) -> jax.Array:
   """int32 key ordering like ``clip(x, 0, 1)`` for float32 ``x`` (-0.0 and NaN as 0).
 
   The bit patterns of non-negative float32 values order like the values; the
   keys lie in [0, 0x3F800000] (below 2^30).
   """
-  x = jnp.minimum(jnp.where(x > 0, x, jnp.float32(0.0)), jnp.float32(1.0))
-  return lax.bitcast_convert_type(x, jnp.int32)
+  return lax.bitcast_convert_type(clip_unit(x), jnp.int32)
 
 
 # CUDA GPUs: order statistics by one lax.sort (True) or the radix select (False; an A/B

@@ -79,6 +79,7 @@ import numpy as np
 from cwsa_jax import _calibration
 from cwsa_jax import _confidence
 from cwsa_jax import _exact
+from cwsa_jax import _sort
 from cwsa_jax import _stats
 from cwsa_jax import _sweep
 from cwsa_jax import _validation
@@ -524,8 +525,8 @@ def confidence_key(c: jax.Array) -> jax.Array:
   is exact there), where ``bits`` is the float32 bit pattern, so the key
   resolves ``c`` and ``1 - c`` to full float32 precision.
   """
-  c = jnp.minimum(jnp.where(c > 0, c, jnp.float32(0.0)), jnp.float32(1.0))
-  low = jax.lax.bitcast_convert_type(c, jnp.int32)
+  c = _sort.clip_unit(c)
+  low = _sort.float_key(c)
   high = _KEY_MAX - jax.lax.bitcast_convert_type(jnp.float32(1.0) - c, jnp.int32)
   return jnp.where(c < 0.5, low, high)
 
