@@ -625,15 +625,9 @@ def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int 
   if _traced(c, k, key, level):
     return _ci_jit(fn, c, k, key, jnp.float32(level), num_resamples, chunk_size)
   estimate = _estimate_jit(fn, c, k)
-  ece_options, sweep_options = _ece_options(fn), _sweep_options(fn)
-  if ece_options is not None and k.dtype == jnp.bool_:  # bucket once (same values)
-    words = _ece_words(c, k, ece_options[0])
-    block = lambda start, size, chunks: _ece_block_jit(words, key, start, *ece_options, size, chunks)  # noqa: E731
-  elif sweep_options is not None:  # bucket once, as bootstrap_sweep
-    t, normalize = sweep_options
-    per_sample, invalid = _sweep_per_sample_jit(c.astype(jnp.float32), k, t)
-    block = lambda start, size, chunks: _sweep_block_jit(  # noqa: E731
-        per_sample, invalid, t, key, start, normalize, size, chunks)
+  form = _fast_form(fn, c, k)
+  if form is not None:  # bucket once
+    block = lambda start, size, chunks: _fast_block_jit(form, key, start, size, chunks)  # noqa: E731
   else:
     block = lambda start, size, chunks: _block_jit(fn, c, k, key, start, size, chunks)  # noqa: E731
   samples = _run_blocks(block, num_resamples, chunk_size, c.shape[0])
@@ -660,7 +654,8 @@ def paired_bootstrap(fn: Callable, confidences_a, correct_a, confidences_b, corr
 
   so p >= 2/(1 + B) is never 0 and p = 1 when the models agree on every
   resample. NaN differences are left out of the quantiles and of the counts
-  (B then counts the non-NaN ones); all-NaN gives NaN.
+  (B then counts the non-NaN ones); all-NaN gives NaN. The forms of ``fn``
+  that :func:`bootstrap_ci` buckets once are bucketed once per model here.
 
   Args:
     fn: as in :func:`bootstrap_ci`.
@@ -698,10 +693,14 @@ def paired_bootstrap(fn: Callable, confidences_a, correct_a, confidences_b, corr
   if _traced(c_a, k_a, c_b, k_b, key, level):
     return _paired_jit(fn, c_a, k_a, c_b, k_b, key, jnp.float32(level), num_resamples, chunk_size)
   estimates = _paired_estimate_jit(fn, c_a, k_a, c_b, k_b)
-  samples = _run_blocks(
-      lambda start, size, chunks: _paired_block_jit(fn, c_a, k_a, c_b, k_b, key, start, size,
-                                                    chunks),
-      num_resamples, chunk_size, c_a.shape[0])
+  form_a, form_b = _fast_form(fn, c_a, k_a), _fast_form(fn, c_b, k_b)
+  if form_a is not None and form_b is not None:  # bucket each model once
+    block = lambda start, size, chunks: _fast_paired_block_jit(  # noqa: E731
+        form_a, form_b, key, start, size, chunks)
+  else:
+    block = lambda start, size, chunks: _paired_block_jit(  # noqa: E731
+        fn, c_a, k_a, c_b, k_b, key, start, size, chunks)
+  samples = _run_blocks(block, num_resamples, chunk_size, c_a.shape[0])
   return PairedBootstrapResult(*estimates, *_paired_interval_jit(samples, jnp.float32(level)))
 
 
@@ -781,12 +780,6 @@ def _sweep_options(fn: Callable) -> tuple[jax.Array, str] | None:
   return _validation.as_thresholds(keywords["thresholds"]), keywords.get("normalize", "retained")
 
 
-@functools.partial(jax.jit, static_argnames=("normalize", "size", "num_chunks"), **_RESAMPLING)
-def _sweep_block_jit(per_sample, invalid, thresholds, key, start, normalize, size, num_chunks):
-  metrics = _sweep_metrics(thresholds, invalid, normalize)
-  return _map_block(metrics, per_sample, key, start, size, num_chunks)
-
-
 def bootstrap_sweep(confidences, correct, thresholds, *, key, num_resamples: int = 1000,
                     level: float = 0.95, chunk_size: int | None = None,
                     normalize: str = "retained") -> BootstrapResult:
@@ -834,10 +827,9 @@ def bootstrap_sweep(confidences, correct, thresholds, *, key, num_resamples: int
   if _traced(c, k, t, key, level):
     return _sweep_ci_jit(c, k, t, key, jnp.float32(level), num_resamples, chunk_size, normalize)
   estimate, per_sample, invalid = _sweep_estimate_jit(c, k, t, normalize)
-  samples = _run_blocks(
-      lambda start, size, chunks: _sweep_block_jit(per_sample, invalid, t, key, start, normalize,
-                                                   size, chunks),
-      num_resamples, chunk_size, c.shape[0])
+  form = _FastForm(("sweep", normalize), per_sample, (t,), invalid)
+  samples = _run_blocks(lambda start, size, chunks: _fast_block_jit(form, key, start, size, chunks),
+                        num_resamples, chunk_size, c.shape[0])
   return BootstrapResult(estimate, *_interval_jit(samples, jnp.float32(level)))
 
 
@@ -882,10 +874,77 @@ def _ece_of_words(num_bins: int, norm: str) -> Callable:
   return metric
 
 
-@functools.partial(jax.jit, static_argnames=("num_bins", "norm", "size", "num_chunks"),
-                   **_RESAMPLING)
-def _ece_block_jit(words, key, start, num_bins, norm, size, num_chunks):
-  return _map_block(_ece_of_words(num_bins, norm), (words,), key, start, size, num_chunks)
+# --- the forms bucketed once, for bootstrap_ci, paired_bootstrap and bootstrap_sweep ---------
+
+
+@jax.tree_util.register_pytree_node_class
+class _FastForm:
+  """A metric of samples found once: ``spec`` (static: ``("ece", num_bins, norm)`` or
+  ``("sweep", normalize)``), the per-sample ``arrays`` each resample gathers, ``shared``
+  operands (the sweep's thresholds) and the ``invalid`` flag of the data."""
+
+  def __init__(self, spec: tuple, arrays: tuple, shared: tuple, invalid: jax.Array):
+    self.spec, self.arrays, self.shared, self.invalid = spec, tuple(arrays), tuple(shared), invalid
+
+  def tree_flatten(self):
+    return (self.arrays, self.shared, self.invalid), self.spec
+
+  @classmethod
+  def tree_unflatten(cls, spec, children):
+    return cls(spec, *children)
+
+  def metric(self, invalid: jax.Array | None = None) -> Callable:
+    """The metric of one resample's gathered ``arrays`` (``invalid``: another model's flag)."""
+    invalid = self.invalid if invalid is None else invalid
+    if self.spec[0] == "ece":
+      return _ece_of_words(*self.spec[1:])
+    return _sweep_metrics(self.shared[0], invalid, self.spec[1])
+
+
+def _fast_form(fn: Callable, confidences: jax.Array, correct: jax.Array) -> _FastForm | None:
+  """``fn``'s per-sample form when it is one :func:`bootstrap_ci` buckets once: ``ece``
+  (or a keyword-only partial, equal-width bins, boolean correctness) and a keyword-only
+  partial of ``sweep`` with its thresholds; else None."""
+  ece_options = _ece_options(fn)
+  if ece_options is not None and correct.dtype == jnp.bool_:
+    words = _ece_words(confidences, correct, ece_options[0])
+    return _FastForm(("ece", *ece_options), (words,), (), jnp.zeros((), jnp.bool_))
+  sweep_options = _sweep_options(fn)
+  if sweep_options is not None:
+    t, normalize = sweep_options
+    per_sample, invalid = _sweep_per_sample_jit(confidences.astype(jnp.float32), correct, t)
+    return _FastForm(("sweep", normalize), per_sample, (t,), invalid)
+  return None
+
+
+@functools.partial(jax.jit, static_argnames=("size", "num_chunks"), **_RESAMPLING)
+def _fast_block_jit(form, key, start, size, num_chunks):
+  return _map_block(form.metric(), form.arrays, key, start, size, num_chunks)
+
+
+@functools.partial(jax.jit, static_argnames=("size", "num_chunks"), **_RESAMPLING)
+def _fast_paired_block_jit(form_a, form_b, key, start, size, num_chunks):
+  """Differences of the two models' metrics per resample (the same indices for both).
+
+  Forms of one layout are stacked and the metric vmapped over the pair, as
+  :func:`_pair_fn` does: identical models give exactly identical values.
+  """
+  k = len(form_a.arrays)
+  same = (jax.tree.structure(form_a) == jax.tree.structure(form_b)
+          and all(x.dtype == y.dtype for x, y in zip(form_a.arrays, form_b.arrays)))
+
+  def diff(*arrays):
+    a, b = arrays[:k], arrays[k:]
+    if same:
+      out = jax.vmap(lambda invalid, *xs: form_a.metric(invalid)(*xs))(
+          jnp.stack([form_a.invalid, form_b.invalid]),
+          *(jnp.stack([x, y]) for x, y in zip(a, b)))
+      out_a, out_b = (jax.tree.map(lambda x, i=i: x[i], out) for i in (0, 1))
+    else:
+      out_a, out_b = form_a.metric()(*a), form_b.metric()(*b)
+    return jax.tree.map(_subtract, out_a, out_b)
+
+  return _map_block(diff, (*form_a.arrays, *form_b.arrays), key, start, size, num_chunks)
 
 
 # --- every metric of the evaluation report, from one sort ---------------------------------

@@ -307,6 +307,37 @@ def test_paired_whole_sweep_with_different_confidences():
   np.testing.assert_allclose(r.high.cwsa, quantiles(d)[1], atol=2 * ATOL)
 
 
+@pytest.mark.parametrize("fn, generic", [
+    (functools.partial(ece, num_bins=10, norm="l2"), lambda c, k: ece(c, k, num_bins=10, norm="l2")),
+    (functools.partial(sweep, thresholds=GRID), SWEEP)])
+def test_paired_bootstrap_buckets_each_model_once(fn, generic):
+  # The forms bootstrap_ci buckets once: the same differences, intervals and p-values as the
+  # generic path (to float32 rounding), exact zeros for identical models, and a graded model
+  # beside a boolean one (the sweep: two layouts) or the generic path (the ECE).
+  from cwsa_jax import _bootstrap
+  c_a, ok_a = data(seed=12)
+  c_b = np.clip(c_a + np.random.default_rng(13).normal(0, 0.1, N), 0, 1).astype(np.float32)
+  ok_b = ok_a.copy()
+  ok_b[:30] = ~ok_b[:30]
+  assert _bootstrap._fast_form(fn, jnp.asarray(c_a), jnp.asarray(ok_a)) is not None
+  fast = paired_bootstrap(fn, c_a, ok_a, c_b, ok_b, key=KEY, num_resamples=B)
+  slow = paired_bootstrap(generic, c_a, ok_a, c_b, ok_b, key=KEY, num_resamples=B)
+  for name in ("estimate_a", "estimate_b", "difference", "low", "high"):
+    for x, y in zip(jax.tree.leaves(getattr(fast, name)), jax.tree.leaves(getattr(slow, name))):
+      np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-7, atol=1e-7, err_msg=name)
+  np.testing.assert_allclose(np.asarray(jax.tree.leaves(fast.p_value)[-1]),
+                             np.asarray(jax.tree.leaves(slow.p_value)[-1]), rtol=1e-6)
+  same = paired_bootstrap(fn, c_a, ok_a, c_a, ok_a, key=KEY, num_resamples=B)
+  for name in ("difference", "low", "high"):
+    assert all(np.all(np.asarray(x) == 0) for x in jax.tree.leaves(getattr(same, name)))
+  assert all(np.all(np.asarray(x) == 1) for x in jax.tree.leaves(same.p_value))
+  graded = ok_b * np.float32(0.75)
+  mixed, mixed_slow = (paired_bootstrap(f, c_a, ok_a, c_b, graded, key=KEY, num_resamples=B)
+                       for f in (fn, generic))
+  for x, y in zip(jax.tree.leaves(mixed.low), jax.tree.leaves(mixed_slow.low)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-7, atol=1e-7)
+
+
 # --- validation -----------------------------------------------------------------------------
 
 C4 = np.array([0.9, 0.2, 0.7, 0.4], np.float32)
@@ -368,12 +399,11 @@ def test_bootstrap_sweep_equals_generic_bootstrap_of_sweep(graded):
 def _ece_samples(fn, c, ok, num):
   """The resampled values of ``bootstrap_ci(fn, ...)``'s path for the first ``num`` resamples."""
   from cwsa_jax import _bootstrap
-  options = _bootstrap._ece_options(fn)
-  if options is None:
+  form = _bootstrap._fast_form(fn, jnp.asarray(c), jnp.asarray(ok))
+  if form is None:
     return np.asarray(_bootstrap._block_jit(fn, jnp.asarray(c), jnp.asarray(ok), KEY,
                                             jnp.uint32(0), 1, num))
-  words = _bootstrap._ece_words(jnp.asarray(c), jnp.asarray(ok), options[0])
-  return np.asarray(_bootstrap._ece_block_jit(words, KEY, jnp.uint32(0), *options, 1, num))
+  return np.asarray(_bootstrap._fast_block_jit(form, KEY, jnp.uint32(0), 1, num))
 
 
 @pytest.mark.parametrize("options", [{}, {"num_bins": 10, "norm": "l2"},
