@@ -58,8 +58,8 @@ import cwsa_jax as cw  # noqa: E402
 
 KERNELS = ("ece", "calibration_bins", "aurc", "augrc", "eaurc", "risk_coverage_curve", "sweep",
            "sweep_by_group", "select_threshold", "sweep_64_models", "bootstrap_sweep",
-           "bootstrap_ci_sweep", "bootstrap_ci_sweep_lambda", "bootstrap_ci_aurc", "bootstrap_ci_ece",
-           "bootstrap_ci_ece_lambda")
+           "bootstrap_ci_sweep", "bootstrap_ci_sweep_lambda", "bootstrap_ci_aurc",
+           "bootstrap_ci_aurc_lambda", "bootstrap_ci_ece", "bootstrap_ci_ece_lambda")
 CONVENTIONS = ("step", "trapezoid", "published_code")
 SWEEP_T = (10, 50, 1000)
 NUM_GROUPS = 10
@@ -279,8 +279,13 @@ def bootstrap_cases(n: int, num_resamples: int, check_resamples: int, only) -> l
           {"T": 50, "fn": "lambda c, k: cw.sweep(c, k, th)", **opts},
           lambda b: cw.bootstrap_ci(sweep_fn, jc, jok, key=key, num_resamples=b),
           lambda b, idx=None: nb.bootstrap_sweep(c, ok, th, num_resamples=b, indices=idx)),
+      # cw.aurc itself: bootstrap_ci sorts once; a lambda: the generic path (a sort per resample).
       "bootstrap_ci_aurc": (
-          {"convention": "step", **opts},
+          {"convention": "step", "fn": "cw.aurc", **opts},
+          lambda b: cw.bootstrap_ci(cw.aurc, jc, jok, key=key, num_resamples=b),
+          lambda b, idx=None: nb.bootstrap_aurc(c, ok, num_resamples=b, indices=idx)),
+      "bootstrap_ci_aurc_lambda": (
+          {"convention": "step", "fn": "lambda c, k: cw.aurc(c, k)", **opts},
           lambda b: cw.bootstrap_ci(aurc_fn, jc, jok, key=key, num_resamples=b),
           lambda b, idx=None: nb.bootstrap_aurc(c, ok, num_resamples=b, indices=idx)),
       # cw.ece itself: bootstrap_ci buckets once; a lambda around it: the generic path.

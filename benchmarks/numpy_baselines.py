@@ -590,12 +590,26 @@ def _resampled_sums(seg: _Segments, weights: list, num_segments: int, num_resamp
   ``np.add.reduceat`` over the contiguous segments, a chunk of resamples at a time.
   Returns counts [B, S] and sums [B, S, len(weights)].
   """
+  counts = np.zeros((num_resamples, num_segments), np.int64)
+  sums = np.zeros((num_resamples, num_segments, len(weights)))
+  for b0, chunk_counts, chunk_sums in _resampled_chunks(seg, weights, num_resamples, n, rng=rng,
+                                                        indices=indices, chunk_size=chunk_size):
+    rows = chunk_counts.shape[0]
+    counts[b0:b0 + rows, seg.ids] = chunk_counts
+    sums[b0:b0 + rows, seg.ids] = chunk_sums
+  return counts, sums
+
+
+def _resampled_chunks(seg: _Segments, weights: list, num_resamples: int, n: int, *, rng,
+                      indices, chunk_size: int = 32):
+  """:func:`_resampled_sums` a chunk of resamples at a time, over the non-empty segments only:
+  yields ``(b0, counts [rows, S'], sums [rows, S', len(weights)])`` (segment order of
+  ``seg.starts``), so that a caller reducing each resample to a few numbers never holds
+  [B, S] arrays (for AURC, S is about n)."""
   inverse = None
   if indices is not None:
     inverse = np.empty(n, np.intp)
     inverse[seg.order] = np.arange(n)
-  counts = np.zeros((num_resamples, num_segments), np.int64)
-  sums = np.zeros((num_resamples, num_segments, len(weights)))
   multiplicities = np.empty((min(chunk_size, num_resamples), n), np.int64)
   for b0 in range(0, num_resamples, chunk_size):
     rows = min(chunk_size, num_resamples - b0)
@@ -603,10 +617,8 @@ def _resampled_sums(seg: _Segments, weights: list, num_segments: int, num_resamp
       pos = rng.integers(0, n, n) if indices is None else inverse[indices[b0 + r]]
       multiplicities[r] = np.bincount(pos, minlength=n)
     m = multiplicities[:rows]
-    counts[b0:b0 + rows, seg.ids] = np.add.reduceat(m, seg.starts, axis=1)
-    for j, w in enumerate(weights):
-      sums[b0:b0 + rows, seg.ids, j] = np.add.reduceat(m * w, seg.starts, axis=1)
-  return counts, sums
+    sums = np.stack([np.add.reduceat(m * w, seg.starts, axis=1) for w in weights], axis=-1)
+    yield b0, np.add.reduceat(m, seg.starts, axis=1), sums
 
 
 def bootstrap_sweep(confidences, correct, thresholds, *, num_resamples: int = 1000,
@@ -685,18 +697,22 @@ def bootstrap_aurc(confidences, correct, *, convention: str = "step", num_resamp
   bits, error = descending >> 1, (descending & 1).astype(np.float64)
   starts = np.flatnonzero(np.concatenate([[True], bits[1:] != bits[:-1]]))
   seg = _Segments(order, starts, np.arange(starts.shape[0]))
-  counts, sums = _resampled_sums(seg, [error], starts.shape[0], num_resamples, n,
-                                 rng=np.random.default_rng(seed), indices=indices)
-  width = counts.astype(np.float64)
-  group_errors = sums[..., 0]
-  covered = np.cumsum(width, axis=1)
-  errors = np.cumsum(group_errors, axis=1)
-  risk = np.divide(errors, covered, out=np.zeros_like(errors), where=covered > 0)
-  if convention == "trapezoid":
-    before = covered - width
-    previous = np.divide(errors - group_errors, before, out=risk.copy(), where=before > 0)
-    risk = (risk + previous) / 2
-  samples = np.sum(width * risk, axis=1) / n
+  samples = np.empty(num_resamples)
+  # A few resamples at a time: each reduces to one number, and [B, groups] arrays (about
+  # B n values) would not fit in any cache.
+  for b0, counts, sums in _resampled_chunks(seg, [error], num_resamples, n,
+                                            rng=np.random.default_rng(seed), indices=indices,
+                                            chunk_size=4):
+    width = counts.astype(np.float64)
+    group_errors = sums[..., 0]
+    covered = np.cumsum(width, axis=1)
+    errors = np.cumsum(group_errors, axis=1)
+    risk = np.divide(errors, covered, out=np.zeros_like(errors), where=covered > 0)
+    if convention == "trapezoid":
+      before = covered - width
+      previous = np.divide(errors - group_errors, before, out=risk.copy(), where=before > 0)
+      risk = (risk + previous) / 2
+    samples[b0:b0 + width.shape[0]] = np.sum(width * risk, axis=1) / n
   low, high = _quantiles(samples, level)
   return Interval(estimate, float(low), float(high))
 

@@ -59,6 +59,7 @@ from jax import lax
 
 from cwsa_jax import _calibration
 from cwsa_jax import _exact
+from cwsa_jax import _risk_coverage
 from cwsa_jax import _stats
 from cwsa_jax import _sweep
 from cwsa_jax import _validation
@@ -581,9 +582,14 @@ def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int 
   :func:`~cwsa_jax.sweep` with its ``thresholds`` (and ``normalize``), as
   :func:`bootstrap_sweep` does it: the same exact sums per resample, values
   equal to float32 rounding (a final division may differ by an ulp, since a
-  lambda's thresholds are compile-time constants). A lambda around either
-  takes the generic path: each resample recomputes ``fn`` from its gathered
-  samples.
+  lambda's thresholds are compile-time constants). ``fn`` =
+  :func:`~cwsa_jax.aurc`, :func:`~cwsa_jax.augrc`, :func:`~cwsa_jax.eaurc` or
+  :func:`~cwsa_jax.risk_coverage_summary` (or a keyword-only partial with a
+  ``"step"`` or ``"trapezoid"`` convention) with boolean correctness is
+  sorted once: each resample is a multiplicity per sample over that order
+  (the evaluation bootstrap's area scan), the areas equal to float32 rounding
+  of their sums. A lambda around any of them takes the generic path: each
+  resample recomputes ``fn`` from its gathered samples.
 
   Args:
     fn: ``(confidences [n], correct [n]) -> metric``, where the metric is a
@@ -625,6 +631,10 @@ def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int 
   if _traced(c, k, key, level):
     return _ci_jit(fn, c, k, key, jnp.float32(level), num_resamples, chunk_size)
   estimate = _estimate_jit(fn, c, k)
+  area = _area_options(fn, k)
+  if area is not None:  # sort once
+    samples = _area_samples(*area, c, k, key, num_resamples)
+    return BootstrapResult(estimate, *_interval_jit(samples, jnp.float32(level)))
   form = _fast_form(fn, c, k)
   if form is not None:  # bucket once
     block = lambda start, size, chunks: _fast_block_jit(form, key, start, size, chunks)  # noqa: E731
@@ -1503,6 +1513,41 @@ def paired_evaluation(confidences_a, correct_a, confidences_b, correct_b, thresh
   low, high, p_value = _paired_interval_jit(d, jnp.float32(level))
   return PairedBootstrapResult(*(EvaluationMetrics(**x) for x in (
       est_a, est_b, _differences_jit(est_a, est_b), low, high, p_value)))
+
+
+_AREAS = ((_risk_coverage.aurc, "aurc"), (_risk_coverage.augrc, "augrc"),
+          (_risk_coverage.eaurc, "eaurc"), (_risk_coverage.risk_coverage_summary, None))
+
+
+def _area_options(fn: Callable, correct: jax.Array) -> tuple[str | None, str] | None:
+  """(area, convention) when ``fn`` is one of the areas (None: the summary of all three),
+  or a keyword-only partial of one, with a convention the area scan computes and boolean
+  correctness the evaluation bootstrap sums exactly; else None."""
+  if correct.dtype != jnp.bool_ or correct.shape[0] >= _MAX_EVALUATION_N["multinomial"]:
+    return None
+  for metric, name in _AREAS:
+    keywords = _keywords(fn, metric, {"convention"})
+    if keywords is not None:
+      convention = keywords.get("convention", "step")
+      return (name, convention) if convention in ("step", "trapezoid") else None
+  return None
+
+
+def _area_samples(name: str | None, convention: str, confidences, correct, key,
+                  num_resamples: int):
+  """The areas of :func:`bootstrap_ci`'s resamples [B] (a summary: its three fields), from
+  the evaluation bootstrap's one sort and area scan (its sweep and bins kept minimal)."""
+  run = _EvaluationRun.prepare(confidences, correct, np.array([0.5], np.float32), 1, "l1",
+                               convention, "retained", "multinomial", "bootstrap_ci")
+
+  def block(start, chunks):
+    metrics = run.block(key, start, chunks)
+    if name is None:
+      return _risk_coverage.RiskCoverageSummary(metrics["aurc"], metrics["augrc"],
+                                                metrics["eaurc"])
+    return metrics[name]
+
+  return run.resample(block, num_resamples)
 
 
 # --- the Poisson bootstrap fed range by range (out-of-core data) -----------------------------

@@ -14,7 +14,8 @@ import pytest
 from jax.extend.random import threefry_2x32
 
 import reference
-from cwsa_jax import SweepResult, cwsa, cwsa_plus, ece, selective_accuracy, sweep
+from cwsa_jax import (SweepResult, aurc, augrc, cwsa, cwsa_plus, eaurc, ece, risk_coverage_summary,
+                      selective_accuracy, sweep)
 from cwsa_jax._bootstrap import (BootstrapResult, PairedBootstrapResult, _resample_indices,
                                  _scale, _threefry2x32, bootstrap_ci, bootstrap_samples,
                                  bootstrap_sweep, paired_bootstrap)
@@ -497,6 +498,39 @@ def test_bootstrap_ci_of_other_sweep_forms():
   with pytest.raises(ValueError, match="normalize"):
     bootstrap_ci(functools.partial(sweep, thresholds=GRID, normalize="bogus"), c, ok, key=KEY,
                  num_resamples=5)
+
+
+@pytest.mark.parametrize("fn, generic", [
+    (aurc, lambda c, k: aurc(c, k)),
+    (functools.partial(augrc, convention="trapezoid"),
+     lambda c, k: augrc(c, k, convention="trapezoid")),
+    (eaurc, lambda c, k: eaurc(c, k)),
+    (risk_coverage_summary, lambda c, k: risk_coverage_summary(c, k))])
+def test_bootstrap_ci_of_an_area_sorts_once(fn, generic):
+  # The areas (and their summary) come from one sort and each resample's multiplicities:
+  # the generic path's resamples and values to float32 rounding, ties included.
+  from cwsa_jax import _bootstrap
+  c, ok = data(seed=14)
+  c[: N // 4] = np.round(c[: N // 4], 2)
+  assert _bootstrap._area_options(fn, jnp.asarray(ok)) is not None
+  assert _bootstrap._area_options(generic, jnp.asarray(ok)) is None
+  fast = bootstrap_ci(fn, c, ok, key=KEY, num_resamples=B)
+  slow = bootstrap_ci(generic, c, ok, key=KEY, num_resamples=B)
+  assert jax.tree.structure(fast) == jax.tree.structure(slow)
+  for x, y in zip(jax.tree.leaves(fast), jax.tree.leaves(slow)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+
+
+def test_bootstrap_ci_of_other_area_forms_takes_the_generic_path():
+  from cwsa_jax import _bootstrap
+  c, ok = data(seed=15)
+  published = functools.partial(aurc, convention="published_code")
+  for fn, k in ((published, ok), (aurc, ok * np.float32(0.5)), (functools.partial(aurc, 1), ok)):
+    assert _bootstrap._area_options(fn, jnp.asarray(k)) is None
+  r = bootstrap_ci(published, c, ok, key=KEY, num_resamples=20)
+  assert float(r.low) <= float(r.estimate) <= float(r.high)
+  with pytest.raises(ValueError, match="convention"):
+    bootstrap_ci(functools.partial(aurc, convention="bogus"), c, ok, key=KEY, num_resamples=5)
 
 
 @jax.jit
