@@ -633,7 +633,7 @@ def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int 
   estimate = _estimate_jit(fn, c, k)
   area = _area_options(fn, k)
   if area is not None:  # sort once
-    samples = _area_samples(*area, c, k, key, num_resamples)
+    samples = _area_samples(*area, (c, k), key=key, num_resamples=num_resamples)
     return BootstrapResult(estimate, *_interval_jit(samples, jnp.float32(level)))
   form = _fast_form(fn, c, k)
   if form is not None:  # bucket once
@@ -665,7 +665,8 @@ def paired_bootstrap(fn: Callable, confidences_a, correct_a, confidences_b, corr
   so p >= 2/(1 + B) is never 0 and p = 1 when the models agree on every
   resample. NaN differences are left out of the quantiles and of the counts
   (B then counts the non-NaN ones); all-NaN gives NaN. The forms of ``fn``
-  that :func:`bootstrap_ci` buckets once are bucketed once per model here.
+  that :func:`bootstrap_ci` buckets or sorts once are bucketed or sorted once
+  per model here.
 
   Args:
     fn: as in :func:`bootstrap_ci`.
@@ -703,6 +704,10 @@ def paired_bootstrap(fn: Callable, confidences_a, correct_a, confidences_b, corr
   if _traced(c_a, k_a, c_b, k_b, key, level):
     return _paired_jit(fn, c_a, k_a, c_b, k_b, key, jnp.float32(level), num_resamples, chunk_size)
   estimates = _paired_estimate_jit(fn, c_a, k_a, c_b, k_b)
+  area = _area_options(fn, k_a) if _area_options(fn, k_b) is not None else None
+  if area is not None:  # sort each model once
+    samples = _area_samples(*area, (c_a, k_a), (c_b, k_b), key=key, num_resamples=num_resamples)
+    return PairedBootstrapResult(*estimates, *_paired_interval_jit(samples, jnp.float32(level)))
   form_a, form_b = _fast_form(fn, c_a, k_a), _fast_form(fn, c_b, k_b)
   if form_a is not None and form_b is not None:  # bucket each model once
     block = lambda start, size, chunks: _fast_paired_block_jit(  # noqa: E731
@@ -1533,21 +1538,25 @@ def _area_options(fn: Callable, correct: jax.Array) -> tuple[str | None, str] | 
   return None
 
 
-def _area_samples(name: str | None, convention: str, confidences, correct, key,
-                  num_resamples: int):
-  """The areas of :func:`bootstrap_ci`'s resamples [B] (a summary: its three fields), from
-  the evaluation bootstrap's one sort and area scan (its sweep and bins kept minimal)."""
-  run = _EvaluationRun.prepare(confidences, correct, np.array([0.5], np.float32), 1, "l1",
-                               convention, "retained", "multinomial", "bootstrap_ci")
+def _area_samples(name: str | None, convention: str, *models, key, num_resamples: int):
+  """The areas [B] of :func:`bootstrap_ci`'s resamples of one model ``(confidences,
+  correct)``, or the differences of two models' (:func:`paired_bootstrap`'s), from the
+  evaluation bootstrap's one sort per model and area scan (its sweep and bins kept minimal);
+  ``name`` None: the summary of all three areas."""
+  runs = [_EvaluationRun.prepare(c, k, np.array([0.5], np.float32), 1, "l1", convention,
+                                 "retained", "multinomial", "bootstrap_ci") for c, k in models]
 
-  def block(start, chunks):
-    metrics = run.block(key, start, chunks)
+  def areas(metrics):
     if name is None:
       return _risk_coverage.RiskCoverageSummary(metrics["aurc"], metrics["augrc"],
                                                 metrics["eaurc"])
     return metrics[name]
 
-  return run.resample(block, num_resamples)
+  def block(start, chunks):
+    values = [areas(run.block(key, start, chunks)) for run in runs]
+    return values[0] if len(values) == 1 else _differences_jit(*values)
+
+  return runs[0].resample(block, num_resamples)
 
 
 # --- the Poisson bootstrap fed range by range (out-of-core data) -----------------------------

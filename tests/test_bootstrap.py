@@ -521,6 +521,26 @@ def test_bootstrap_ci_of_an_area_sorts_once(fn, generic):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("fn, generic", [
+    (aurc, lambda c, k: aurc(c, k)),
+    (functools.partial(risk_coverage_summary, convention="trapezoid"),
+     lambda c, k: risk_coverage_summary(c, k, convention="trapezoid"))])
+def test_paired_bootstrap_of_an_area_sorts_each_model_once(fn, generic):
+  c_a, ok_a = data(seed=16)
+  c_a[: N // 4] = np.round(c_a[: N // 4], 2)
+  c_b = np.clip(c_a + np.random.default_rng(17).normal(0, 0.1, N), 0, 1).astype(np.float32)
+  fast = paired_bootstrap(fn, c_a, ok_a, c_b, ok_a, key=KEY, num_resamples=B)
+  slow = paired_bootstrap(generic, c_a, ok_a, c_b, ok_a, key=KEY, num_resamples=B)
+  assert jax.tree.structure(fast) == jax.tree.structure(slow)
+  for name in ("estimate_a", "estimate_b", "difference", "low", "high"):
+    for x, y in zip(jax.tree.leaves(getattr(fast, name)), jax.tree.leaves(getattr(slow, name))):
+      np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7, err_msg=name)
+  same = paired_bootstrap(fn, c_a, ok_a, c_a, ok_a, key=KEY, num_resamples=B)
+  for name in ("difference", "low", "high"):
+    assert all(np.all(np.asarray(x) == 0) for x in jax.tree.leaves(getattr(same, name)))
+  assert all(np.all(np.asarray(x) == 1) for x in jax.tree.leaves(same.p_value))
+
+
 def test_bootstrap_ci_of_other_area_forms_takes_the_generic_path():
   from cwsa_jax import _bootstrap
   c, ok = data(seed=15)
