@@ -161,21 +161,8 @@ def evaluation_intervals(confidences: Any, correct: Any, settings: Settings, *,
   """Percentile-bootstrap intervals of every metric of one model; ``resampling`` as
   :func:`resampling_scheme` resolves it; ``progress(k)`` is called each time k more
   resamples are done."""
-  c = jnp.asarray(confidences, jnp.float32)
-  ok = jnp.asarray(correct, jnp.bool_)
-  scheme = resampling_scheme(settings, resampling)
-  with _bootstrap.reporting(progress):
-    if _one_sort(settings) and c.shape[0] < _bootstrap._MAX_EVALUATION_N[scheme]:
-      # Every metric of each resample from one sort and one bucketing of the data.
-      r = _bootstrap.bootstrap_evaluation(
-          c, ok, settings.grid, key=jax.random.key(seed), num_resamples=num_resamples,
-          level=level, num_bins=settings.num_bins, ece_norm=settings.ece_norm,
-          aurc_convention=settings.aurc_convention, normalize=settings.normalize,
-          resampling=scheme)
-    else:  # other conventions, or more samples than the one-sort bootstrap sums exactly
-      scheme = "multinomial"
-      r = cw.bootstrap_ci(metric_fn(settings), c, ok, key=jax.random.key(seed),
-                          num_resamples=num_resamples, level=level)
+  r, scheme = _bootstrap_models([(confidences, correct)], settings, num_resamples=num_resamples,
+                                level=level, seed=seed, resampling=resampling, progress=progress)
   return Intervals(level, num_resamples, seed, _as_numpy(r.low), _as_numpy(r.high), scheme)
 
 
@@ -183,24 +170,35 @@ def comparison(a: tuple[Any, Any], b: tuple[Any, Any], settings: Settings, *,
                num_resamples: int, level: float, seed: int, resampling: str | None = None,
                progress: Callable[[int], Any] | None = None) -> Comparison:
   """Paired bootstrap of every metric of models ``a`` and ``b`` ((confidences, correct) each);
-  ``resampling`` and ``progress`` as in :func:`evaluation_intervals`: each model is sorted
-  and bucketed once where the evaluation bootstrap applies."""
-  args = [jnp.asarray(x, dt) for pair in (a, b) for x, dt in zip(pair, (jnp.float32, jnp.bool_))]
+  ``resampling`` and ``progress`` as in :func:`evaluation_intervals`."""
+  r, scheme = _bootstrap_models([a, b], settings, num_resamples=num_resamples, level=level,
+                                seed=seed, resampling=resampling, progress=progress)
+  return Comparison(level, num_resamples, seed, *map(_as_numpy, r), resampling=scheme)
+
+
+def _bootstrap_models(models: list, settings: Settings, *, num_resamples: int, level: float,
+                      seed: int, resampling: str | None,
+                      progress: Callable[[int], Any] | None) -> tuple[Any, str]:
+  """The bootstrap of one model's metrics, or of two models' paired differences, and its
+  resampling scheme: every metric of each resample from one sort and one bucketing of each
+  model's data where that applies, else ``bootstrap_ci`` / ``paired_bootstrap`` of
+  :func:`metric_fn`."""
+  arrays = [jnp.asarray(x, dt) for model in models
+            for x, dt in zip(model, (jnp.float32, jnp.bool_))]
+  one_sort, generic = ((_bootstrap.bootstrap_evaluation, cw.bootstrap_ci) if len(models) == 1
+                       else (_bootstrap.paired_evaluation, cw.paired_bootstrap))
   scheme = resampling_scheme(settings, resampling)
   with _bootstrap.reporting(progress):
-    if _one_sort(settings) and args[0].shape[0] < _bootstrap._MAX_EVALUATION_N[scheme]:
-      r = _bootstrap.paired_evaluation(
-          *args, settings.grid, key=jax.random.key(seed), num_resamples=num_resamples,
-          level=level, num_bins=settings.num_bins, ece_norm=settings.ece_norm,
-          aurc_convention=settings.aurc_convention, normalize=settings.normalize,
-          resampling=scheme)
+    if _one_sort(settings) and arrays[0].shape[0] < _bootstrap._MAX_EVALUATION_N[scheme]:
+      r = one_sort(*arrays, settings.grid, key=jax.random.key(seed), num_resamples=num_resamples,
+                   level=level, num_bins=settings.num_bins, ece_norm=settings.ece_norm,
+                   aurc_convention=settings.aurc_convention, normalize=settings.normalize,
+                   resampling=scheme)
     else:  # other conventions, or more samples than the one-sort bootstrap sums exactly
       scheme = "multinomial"
-      r = cw.paired_bootstrap(metric_fn(settings), *args, key=jax.random.key(seed),
-                              num_resamples=num_resamples, level=level)
-  return Comparison(level, num_resamples, seed,
-                    *(_as_numpy(getattr(r, name)) for name in _bootstrap.PairedBootstrapResult._fields),
-                    resampling=scheme)
+      r = generic(metric_fn(settings), *arrays, key=jax.random.key(seed),
+                  num_resamples=num_resamples, level=level)
+  return r, scheme
 
 
 def interval_rows(metrics: Any, intervals: Intervals, settings: Settings) -> list[list[str]]:
