@@ -68,8 +68,10 @@ BINNINGS = ("width", "mass")
 # Up to this many interior edges a sample's bin is a sum of comparisons with
 # every edge (fused, vectorized); above it a search.
 _COMPARE_MAX_EDGES = 32
-# Samples per chunk of the exact per-bin sums (their buffers stay in cache).
-_CHUNK_SIZE = 1 << 12
+# Samples per chunk of the exact per-bin sums (their buffers stay in cache). With the
+# count packed into a column (``_exact.segment_sums(counted=True)``), 2^14 measured fastest
+# at n = 1e5 and 1e6 among 2^12 ... 2^18 (2^12: 20-25% slower, 2^18: 5-12% slower at 1e6).
+_CHUNK_SIZE = 1 << 14
 
 
 class CalibrationBins(NamedTuple):
@@ -178,7 +180,7 @@ def bin_sums(confidences: jax.Array, correct: jax.Array, edges: jax.Array,
 
   arrays = [confidences, correct] + ([] if mask is None else [mask])
   scatter = lambda: _exact.segment_sums(columns_fn, arrays, num_segments,  # noqa: E731
-                                        chunk_size=_CHUNK_SIZE)
+                                        chunk_size=_CHUNK_SIZE, counted=True)
   if mask is None and confidences.ndim == 1 and _dense.applies(confidences, correct, num_bins):
     per_bin = lambda: tuple(x.reshape(num_bins, -1) for x in scatter())  # noqa: E731
     hi, lo = _dense.by_platform(per_bin, confidences, correct, edges[1:-1], clip=False)

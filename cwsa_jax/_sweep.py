@@ -223,13 +223,14 @@ def _chunk_rows(size: int, rows: int, n: int, offset: jax.Array | None) -> jax.A
 def _row_segment_sums(columns_fn, arrays, num_segments: int, rows: int, n: int):
   """:func:`_exact.segment_sums` of ``arrays`` laid out as [rows, n] or flattened (see
   :func:`_by_rows`); ``columns_fn`` gets the chunk's first flattened position last when
-  flattened rows need it (:func:`_chunk_rows`)."""
+  flattened rows need it (:func:`_chunk_rows`). Its columns are counted (the count first,
+  ``_stats.segment_columns``)."""
   if _by_rows(rows, n):
     return _exact.segment_sums(columns_fn, [a.reshape(rows, n) for a in arrays], num_segments,
                                chunk_size=_exact.CHUNK_SIZE // n,
-                               segments_per_entry=num_segments // rows)
+                               segments_per_entry=num_segments // rows, counted=True)
   return _exact.segment_sums(columns_fn, [a.reshape(-1) for a in arrays], num_segments,
-                             with_offset=rows > 1)
+                             with_offset=rows > 1, counted=True)
 
 
 def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, masked, given,

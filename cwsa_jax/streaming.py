@@ -641,7 +641,7 @@ def _rc_state_1d(c, k, mask, *, mantissa_bits):
   def columns_fn(cid, kappa):
     return cid, jnp.stack(_stats.loss_columns(kappa), axis=0)
 
-  hi, lo = _exact.segment_sums(columns_fn, [seg, k], bins)
+  hi, lo = _exact.segment_sums(columns_fn, [seg, k], bins, counted=True)
   key_min = jax.ops.segment_min(key, seg, num_segments=bins)  # empty: int32 max
   key_max = jnp.maximum(jax.ops.segment_max(key, seg, num_segments=bins), -1)
   return hi, lo, key_min, key_max, _stats.invalid_inputs(c, k)

@@ -1,5 +1,7 @@
 """The fused sweep against the float64 reference and against single-threshold calls."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -176,6 +178,60 @@ def test_chunked_exact_sums_match_numpy():
     got = _exact.combine(_exact.to_float(hi, lo), 3)
     want = np.bincount(seg, weights=1.0 - x.astype(np.float64), minlength=5)
     np.testing.assert_allclose(np.asarray(got), want, rtol=3e-7)
+
+
+def _counted_sums_want(ids, cols, num_segments):
+  want = np.zeros((num_segments, cols.shape[0]), np.int64)
+  inside = (ids >= 0) & (ids < num_segments)
+  for j in range(cols.shape[0]):
+    np.add.at(want[:, j], ids[inside], cols[j][inside])
+  return want
+
+
+@pytest.mark.parametrize("extreme", [False, True])
+def test_counted_column_sums_equal_plain_sums(extreme):
+  """The count packed into the last column: the same exact sums, also at the bound (512
+  samples of one segment in one slot, last column 4095) and with ids left out."""
+  from cwsa_jax import _exact
+  rng = np.random.default_rng(11)
+  n, s = 5000 + 37, 9
+  ids = rng.integers(-2, s + 2, n).astype(np.int32)
+  cols = np.stack([np.ones(n, np.int32), rng.integers(0, 4097, n), rng.integers(0, 4096, n)])
+  if extreme:
+    ids[:2048] = 3
+    cols[1, :2048], cols[2, :2048] = 4096, 4095
+  cols = cols.astype(np.int32)
+  assert _exact.packs(jnp.asarray(ids), s, 3)
+  got = jax.jit(_exact._counted_column_sums, static_argnums=2)(
+      jnp.asarray(cols), jnp.asarray(ids), s)
+  np.testing.assert_array_equal(np.asarray(got), _counted_sums_want(ids, cols, s))
+  # rows of a [C, m] layout that own their segments: slots along the last axis
+  rows, m = 3, 4096
+  row_ids = (rng.integers(0, s, (rows, m)) + s * np.arange(rows)[:, None]).astype(np.int32)
+  row_cols = np.stack([np.ones((rows, m)), rng.integers(0, 4097, (rows, m)),
+                       np.full((rows, m), 4095)]).astype(np.int32)
+  got = jax.jit(functools.partial(_exact._counted_column_sums, by_row=True), static_argnums=2)(
+      jnp.asarray(row_cols), jnp.asarray(row_ids), rows * s)
+  want = _counted_sums_want(row_ids.reshape(-1), row_cols.reshape(3, -1), rows * s)
+  np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_counted_segment_sums_equal_uncounted():
+  """segment_sums(counted=True) of the sweep's columns: bit for bit the plain pipeline's."""
+  from cwsa_jax import _exact, _stats
+  rng = np.random.default_rng(12)
+  n = 70_000
+  c = rng.uniform(0, 1, n).astype(np.float32)
+  c[:600] = 0.0  # u = 2^24: the largest columns
+  k = rng.uniform(size=n) < 0.7
+  seg = rng.integers(0, 40, n).astype(np.int32)
+  fn = lambda cs, ks, ss: _stats.segment_columns(cs, ks, ss)  # noqa: E731
+  arrays = [jnp.asarray(c), jnp.asarray(k), jnp.asarray(seg)]
+  for chunk in (4096, 1 << 18):
+    plain = _exact.segment_sums(fn, arrays, 80, chunk_size=chunk)
+    counted = _exact.segment_sums(fn, arrays, 80, chunk_size=chunk, counted=True)
+    for a, b in zip(plain, counted):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 @pytest.mark.parametrize(
