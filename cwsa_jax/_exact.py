@@ -138,53 +138,40 @@ _COUNT_BITS = _SLOT_BITS + 1
 _COUNT_MASK = (1 << _COUNT_BITS) - 1
 
 
-def _slot_positions(ids: jax.Array, by_row: bool) -> int:
-  return ids.shape[-1] if by_row else ids.size
-
-
-def packs(ids: jax.Array, num_segments: int, num_columns: int, *, by_row: bool = False) -> bool:
+def packs(ids: jax.Array, num_segments: int, num_columns: int) -> bool:
   """Whether :func:`_counted_column_sums` pays here (measured on CPU): two columns or more,
-  one row of samples, and slot tables together at most a quarter the size of the samples.
-  Rows that own their segments (``by_row``, a vmapped sweep) gained nothing."""
-  slots = -(-_slot_positions(ids, by_row) >> _SLOT_BITS)
-  return (num_columns >= 2 and not by_row and slots >= 2
-          and 4 * slots * num_segments <= ids.size)
+  two slots or more, and slot tables together at most a quarter the size of the samples."""
+  slots = -(-ids.size >> _SLOT_BITS)
+  return num_columns >= 2 and slots >= 2 and 4 * slots * num_segments <= ids.size
 
 
-def _counted_column_sums(cols: jax.Array, ids: jax.Array, num_segments: int, *,
-                         by_row: bool = False) -> jax.Array:
+def _counted_column_sums(cols: jax.Array, ids: jax.Array, num_segments: int) -> jax.Array:
   """:func:`_column_sums` of counted columns with one scatter-add fewer (the same sums).
 
-  The sample at position ``p`` adds ``(x_last << 10) | x_0`` to entry
-  ``(p >> 9) S + id`` of a table per slot of 2^9 positions: positions in the
-  flattened ids, or along the last axis when each row of ids [C, m] owns its
-  segments (``by_row``). No entry sums more than 512 samples, so the count stays
-  below 2^10 and ``512 * 4095 << 10`` below 2^31; splitting the entries and
-  summing over the slots gives the exact column sums.
+  The sample at flattened position ``p`` adds ``(x_last << 10) | x_0`` to
+  entry ``(p >> 9) S + id`` of a table per slot of 2^9 positions. No entry
+  sums more than 512 samples, so the count stays below 2^10 and
+  ``512 * 4095 << 10`` below 2^31; splitting the entries and summing over
+  the slots gives the exact column sums.
   """
-  if not by_row:
-    ids, cols = ids.reshape(-1), cols.reshape(cols.shape[0], -1)
-  positions = ids.shape[-1]
-  slots = -(-positions >> _SLOT_BITS)
-  slot = jnp.arange(positions, dtype=jnp.int32) >> _SLOT_BITS
+  ids, cols = ids.reshape(-1), cols.reshape(cols.shape[0], -1)
+  slots = -(-ids.size >> _SLOT_BITS)
+  slot = jnp.arange(ids.size, dtype=jnp.int32) >> _SLOT_BITS
   inside = (ids >= 0) & (ids < num_segments)
   flat = jnp.where(inside, ids + slot * num_segments, slots * num_segments)  # outside: dropped
-  packed = (cols[-1] << _COUNT_BITS) | cols[0]
-  flat = flat.reshape(-1)
   per_slot = lambda col: jax.ops.segment_sum(  # noqa: E731
-      col.reshape(-1), flat, num_segments=slots * num_segments).reshape(slots, num_segments)
-  table = per_slot(packed)
+      col, flat, num_segments=slots * num_segments).reshape(slots, num_segments)
+  table = per_slot((cols[-1] << _COUNT_BITS) | cols[0])
   sums = [jnp.sum(table & _COUNT_MASK, axis=0)]
   sums += [jnp.sum(per_slot(col), axis=0) for col in cols[1:-1]]
   sums += [jnp.sum(table >> _COUNT_BITS, axis=0)]
   return jnp.stack(sums, axis=1)
 
 
-def _sums(cols: jax.Array, ids: jax.Array, num_segments: int, *, counted: bool,
-          by_row: bool) -> jax.Array:
+def _sums(cols: jax.Array, ids: jax.Array, num_segments: int, *, counted: bool) -> jax.Array:
   """:func:`_column_sums`, or :func:`_counted_column_sums` where it :func:`packs`."""
-  if counted and packs(ids, num_segments, cols.shape[0], by_row=by_row):
-    return _counted_column_sums(cols, ids, num_segments, by_row=by_row)
+  if counted and packs(ids, num_segments, cols.shape[0]):
+    return _counted_column_sums(cols, ids, num_segments)
   return _column_sums(cols, ids, num_segments)
 
 
@@ -234,7 +221,8 @@ def segment_sums(
       however many entries there are). ``num_segments = n s``.
     counted: column 0 is a count (entries 0 or 1) and the last column's
       entries are at most 4095: on CPU, the count then rides in the last
-      column (:func:`_counted_column_sums`, one scatter-add fewer).
+      column (:func:`_counted_column_sums`, one scatter-add fewer), except
+      for rows with ``segments_per_entry``.
 
   Returns:
     ``(hi, lo)``, int32 arrays [num_segments, K] with the exact sums
@@ -243,14 +231,15 @@ def segment_sums(
   n = arrays[0].shape[0]
   num_chunks, size = chunking(n, chunk_size)
   offset = (jnp.zeros((), jnp.int32),) if with_offset else ()
-  by_row = segments_per_entry is not None
+  # Rows that own their segments (a vmapped sweep) keep every scatter: packing them
+  # measured no gain (slot tables per row, laid out either way).
+  counted = counted and segments_per_entry is None
   if num_chunks == 1:
     ids, cols = columns_fn(*arrays, *offset)
-    if not (counted and packs(ids, num_segments, cols.shape[0], by_row=by_row)):
+    if not (counted and packs(ids, num_segments, cols.shape[0])):
       return split(_column_sums(cols, ids, num_segments))
     return split(_by_platform(
-        cols, ids, cpu=functools.partial(_counted_column_sums, num_segments=num_segments,
-                                         by_row=by_row),
+        cols, ids, cpu=functools.partial(_counted_column_sums, num_segments=num_segments),
         default=functools.partial(_column_sums, num_segments=num_segments)))
   options = dict(num_segments=num_segments, with_offset=with_offset,
                  segments_per_entry=segments_per_entry)
@@ -300,8 +289,7 @@ def _chunk_loop(columns_fn, *arrays, num_segments, num_chunks, size, with_offset
     ids, cols = columns_fn(*chunk, *((start,) if with_offset else ()))
     fresh = (start + local >= first).reshape((size,) + (1,) * (ids.ndim - 1))
     ids = jnp.where(fresh, ids, chunk_segments)
-    s_hi, s_lo = split(_sums(cols, ids, chunk_segments + 1, counted=counted,
-                             by_row=segments_per_entry is not None)[:chunk_segments])
+    s_hi, s_lo = split(_sums(cols, ids, chunk_segments + 1, counted=counted)[:chunk_segments])
     if segments_per_entry is None:
       return _normalize(hi + s_hi, lo + s_lo)
     at = start * segments_per_entry

@@ -1,7 +1,5 @@
 """The fused sweep against the float64 reference and against single-threshold calls."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -205,15 +203,6 @@ def test_counted_column_sums_equal_plain_sums(extreme):
   got = jax.jit(_exact._counted_column_sums, static_argnums=2)(
       jnp.asarray(cols), jnp.asarray(ids), s)
   np.testing.assert_array_equal(np.asarray(got), _counted_sums_want(ids, cols, s))
-  # rows of a [C, m] layout that own their segments: slots along the last axis
-  rows, m = 3, 4096
-  row_ids = (rng.integers(0, s, (rows, m)) + s * np.arange(rows)[:, None]).astype(np.int32)
-  row_cols = np.stack([np.ones((rows, m)), rng.integers(0, 4097, (rows, m)),
-                       np.full((rows, m), 4095)]).astype(np.int32)
-  got = jax.jit(functools.partial(_exact._counted_column_sums, by_row=True), static_argnums=2)(
-      jnp.asarray(row_cols), jnp.asarray(row_ids), rows * s)
-  want = _counted_sums_want(row_ids.reshape(-1), row_cols.reshape(3, -1), rows * s)
-  np.testing.assert_array_equal(np.asarray(got), want)
 
 
 def test_counted_segment_sums_equal_uncounted():
