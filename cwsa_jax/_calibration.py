@@ -163,7 +163,8 @@ def bin_sums(confidences: jax.Array, correct: jax.Array, edges: jax.Array,
   samples gets its bins (:func:`bin_index`) and the integer columns of
   ``_stats.calibration_columns`` (binary correctness: 3 columns, the count
   split by correctness and the two 12-bit digits of ``1 - c``; graded: 6),
-  summed by one 1-D scatter-add per column (``_exact.segment_sums``; on CUDA
+  summed by one 1-D scatter-add per column (``_exact.segment_sums``; on the
+  CPU the count rides in the last column, one scatter-add fewer; on CUDA
   GPUs, binary samples in at most ``_dense.MAX_BUCKETS`` bins without a mask:
   ``_dense``'s kernel, the same integers), then brought to the canonical
   layout. ``mask`` False leaves a sample out.

@@ -18,8 +18,9 @@ which is exact for ``1 - c`` with three digits (for a float32 ``c`` the value
 The digits (base 256, or base 4096 for ``1 - c`` in the binary layout) are
 summed as int32 in chunks of at most 2^18 samples (so a chunk sum stays below
 2^30; a chunk's buffers stay in the cache) and carried between chunks as a
-(high, low) pair of int32 with base 2^12 (on CPU a loop over the chunks; on
-accelerators every chunk at once, each into a table of its own). Every sum is
+(high, low) pair of int32 with base 2^12 (on CPU a loop over the chunks, where
+the count column can ride in the low bits of another, :func:`_counted_column_sums`;
+on accelerators every chunk at once, each into a table of its own). Every sum is
 therefore an exact integer until the last step, where it is converted to
 float32 once (relative error <= 2^-23).
 
