@@ -16,7 +16,12 @@ computing anything. Each entry point does two things:
   threshold only in a sweep. Each flag is also a
   ``jax.experimental.checkify.debug_check``, so
   ``checkify.checkify(f, errors=checkify.user_checks)`` reports the problem as
-  an error (outside ``checkify`` those checks cost nothing).
+  an error. Outside ``checkify`` the checks compute nothing more, but they
+  give a jitted function that contains them checkify's (unordered) error
+  effect, and JAX dispatches such a function on its Python path rather than
+  its C++ fast path: a jitted, vmapped sweep of 4 x 100 samples took 0.09 ms
+  per call against 0.05 ms with the checks patched out, and 0.53 against
+  0.44 ms at 1 x 1e5 (ad hoc timings on a 2-core Intel Xeon host).
 
 Invalid values, for every public function:
 
