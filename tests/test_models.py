@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 
 from cwsa_jax.losses import cwsa_regularized_loss
+from cwsa_jax.training import models
 from cwsa_jax.training.models import Cifar10CNN, MnistCNN, max_pool_2x2
 
 SHAPES = {"mnist": (28, 28, 1), "cifar10": (32, 32, 3)}
@@ -91,6 +92,65 @@ def test_invalid_configuration():
     Cifar10CNN(rngs=nnx.Rngs(0), widths=(8, 16))
   with pytest.raises(ValueError, match="positive"):
     Cifar10CNN(rngs=nnx.Rngs(0), convs_per_block=(1, 0, 1))
+
+
+def _float64_filter_gradient(x, g, kh, kw):
+  """The filter gradient summed in float64 by loops over the kernel offsets (an independent reference)."""
+  x, g = np.asarray(x, np.float64), np.asarray(g, np.float64)
+  n, h, w, ci = x.shape
+  p, q = kh // 2, kw // 2
+  padded = np.pad(x, ((0, 0), (p, p), (q, q), (0, 0)))
+  out = np.zeros((kh, kw, ci, g.shape[-1]))
+  for i in range(kh):
+    for j in range(kw):
+      out[i, j] = np.einsum("nyzc,nyzd->cd", padded[:, i:i + h, j:j + w], g)
+  return out
+
+
+@pytest.mark.parametrize("shape", [(4, 28, 28, 1, 32), (3, 14, 14, 32, 64), (2, 7, 9, 3, 5),
+                                   (2, 6, 5, 4, 3, 5, 3)])
+def test_conv_hook_same_forward_and_input_gradient_and_filter_gradient(shape):
+  """The conv hook: forward and input gradient bit for bit lax's, filter gradient within
+  float32 rounding of a float64 reference (odd sizes, a 5 x 3 kernel)."""
+  n, h, w, ci, co = shape[:5]
+  kh, kw = shape[5:] if len(shape) > 5 else (3, 3)
+  rng = np.random.default_rng(sum(shape))
+  x = jnp.asarray(rng.normal(size=(n, h, w, ci)), jnp.float32)
+  kernel = jnp.asarray(rng.normal(size=(kh, kw, ci, co)), jnp.float32)
+  g = jnp.asarray(rng.normal(size=(n, h, w, co)), jnp.float32)
+  dn = jax.lax.conv_dimension_numbers(x.shape, kernel.shape, ("NHWC", "HWIO", "NHWC"))
+  args = ((1, 1), "SAME", (1, 1), (1, 1), dn, 1)
+  y_lax, vjp_lax = jax.vjp(lambda a, b: jax.lax.conv_general_dilated(a, b, *args), x, kernel)
+  hook = lambda a, b: models.conv_general_dilated(a, b, *args, out_sharding=None)  # noqa: E731
+  assert "custom_vjp_call" in str(jax.make_jaxpr(hook)(x, kernel))  # the matmul filter gradient
+  y, vjp = jax.vjp(hook, x, kernel)
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(y_lax))
+  (dx_lax, dw_lax), (dx, dw) = vjp_lax(g), vjp(g)
+  np.testing.assert_array_equal(np.asarray(dx), np.asarray(dx_lax))
+  want = _float64_filter_gradient(x, g, kh, kw)
+  scale = np.abs(want).max()
+  assert np.abs(np.asarray(dw) - want).max() <= 2e-6 * scale
+  assert np.abs(np.asarray(dw_lax) - want).max() <= 2e-6 * scale
+
+
+def test_conv_hook_falls_back_to_lax_outside_its_case(monkeypatch):
+  """Strides, more input channels than the limit or other paddings: plain lax (no custom VJP)."""
+  calls = []
+  monkeypatch.setattr(models, "_conv_same", lambda *a: calls.append(a))
+  x = jnp.ones((1, 8, 8, 4), jnp.float32)
+  kernel = jnp.ones((3, 3, 4, 2), jnp.float32)
+  dn = jax.lax.conv_dimension_numbers(x.shape, kernel.shape, ("NHWC", "HWIO", "NHWC"))
+  for strides, padding in (((2, 2), "SAME"), ((1, 1), "VALID"), ((1, 1), ((1, 1), (1, 1)))):
+    y = models.conv_general_dilated(x, kernel, strides, padding, None, None, dn, 1)
+    np.testing.assert_array_equal(
+        np.asarray(y), np.asarray(jax.lax.conv_general_dilated(x, kernel, strides, padding,
+                                                               dimension_numbers=dn)))
+  monkeypatch.setattr(models, "MATMUL_FILTER_GRADIENT_MAX_CHANNELS", 3)
+  models.conv_general_dilated(x, kernel, (1, 1), "SAME", None, None, dn, 1)
+  assert not calls
+  monkeypatch.setattr(models, "MATMUL_FILTER_GRADIENT_MAX_CHANNELS", 4)
+  models.conv_general_dilated(x, kernel, (1, 1), "SAME", None, None, dn, 1)
+  assert len(calls) == 1
 
 
 def test_max_pool_matches_nnx_max_pool():

@@ -22,9 +22,11 @@ the configurations in :mod:`cwsa_jax.training.configs` are recorded, with
 the commands that produced them, in the repository's
 ``results/training/README.md``.
 
-XLA's CPU convolution *filter* gradients dominate the step time;
-``nnx.max_pool`` is avoided because its gradient (``select_and_scatter_add``)
-is much slower on CPU than the reshape-and-max used here.
+XLA's CPU convolution *filter* gradients dominate the step time: the convs
+pass :func:`conv_general_dilated` to ``nnx.Conv``, which computes them as one
+matmul where that measured faster (few input channels). ``nnx.max_pool`` is
+avoided because its gradient (``select_and_scatter_add``) is much slower on
+CPU than the reshape-and-max used here.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax import lax
 
 
 class ConvBlock(nnx.Module):
@@ -45,13 +48,96 @@ class ConvBlock(nnx.Module):
     self.norms = nnx.List()
     for i in range(num_convs):
       self.convs.append(nnx.Conv(in_features if i == 0 else out_features, out_features, (3, 3),
-                                 padding="SAME", use_bias=False, rngs=rngs))
+                                 padding="SAME", use_bias=False, rngs=rngs,
+                                 conv_general_dilated=conv_general_dilated))
       self.norms.append(nnx.BatchNorm(out_features, momentum=0.9, rngs=rngs))
 
   def __call__(self, x: jax.Array) -> jax.Array:
     for conv, norm in zip(self.convs, self.norms):
       x = jax.nn.relu(norm(conv(x)))
     return max_pool_2x2(x)
+
+
+# Input channels up to which a stride-1 'SAME' conv's filter gradient is one matmul of
+# shifted copies of the input (:func:`_filter_gradient`) rather than XLA's. Measured on one
+# core of a 2-core Intel Xeon host, batch 64 (one device's share): 1 -> 32 channels at
+# 28x28 0.65 against 1.59 ms, 32 -> 64 at 14x14 5.7 against 11.8 ms, 3 -> 24 at 32x32 2.4
+# against 8.5 ms, 24 -> 48 at 16x16 5.1 against 9.8 ms; with 48 or 96 input channels XLA's
+# was faster (18.5 against 30.4 ms at 48 -> 48, 16x16). In the 2-device train step: MNIST
+# 22.6-24.0 against 21.5-21.7 steps/s; CIFAR-10 8.06-8.13 against 7.99-8.13 (its 3 -> 24
+# conv alone: 8.38-8.40), alternating runs of benchmarks/profile_train_step.py.
+MATMUL_FILTER_GRADIENT_MAX_CHANNELS = 32
+
+
+def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
+                         rhs_dilation=None, dimension_numbers=None, feature_group_count=1,
+                         precision=None, **kwargs):
+  """``lax.conv_general_dilated`` (``nnx.Conv``'s hook), with a faster filter gradient.
+
+  A float32 NHWC / HWIO 'SAME' convolution with stride 1, no dilation, one
+  group and at most :data:`MATMUL_FILTER_GRADIENT_MAX_CHANNELS` input channels
+  gets the same forward pass and input gradient, and its filter gradient
+  from :func:`_filter_gradient` (equal to XLA's up to float rounding).
+  Anything else is ``lax.conv_general_dilated`` itself.
+  """
+  ones = (None, 1, (1, 1))
+  applies = (
+      lhs.ndim == 4 and padding == "SAME" and tuple(window_strides) == (1, 1)
+      and lhs_dilation in ones and rhs_dilation in ones and feature_group_count == 1
+      and precision is None and not kwargs.get("preferred_element_type")
+      and kwargs.get("out_sharding") is None
+      and lhs.dtype == rhs.dtype == jnp.float32
+      and lhs.shape[-1] <= MATMUL_FILTER_GRADIENT_MAX_CHANNELS
+      and rhs.shape[0] % 2 == 1 and rhs.shape[1] % 2 == 1
+      and dimension_numbers == lax.conv_dimension_numbers(lhs.shape, rhs.shape,
+                                                          ("NHWC", "HWIO", "NHWC")))
+  if applies:
+    return _conv_same(lhs, rhs)
+  return lax.conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation,
+                                  dimension_numbers, feature_group_count, precision=precision,
+                                  **kwargs)
+
+
+def _conv(x: jax.Array, w: jax.Array) -> jax.Array:
+  return lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                  dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+@jax.custom_vjp
+def _conv_same(x: jax.Array, w: jax.Array) -> jax.Array:
+  return _conv(x, w)
+
+
+def _conv_same_fwd(x, w):
+  return _conv(x, w), (x, w)
+
+
+def _conv_same_bwd(residuals, g):
+  x, w = residuals
+  _, input_vjp = jax.vjp(lambda x: _conv(x, w), x)
+  return input_vjp(g)[0], _filter_gradient(x, g, w.shape[0], w.shape[1])
+
+
+_conv_same.defvjp(_conv_same_fwd, _conv_same_bwd)
+
+
+def _filter_gradient(x: jax.Array, g: jax.Array, kh: int, kw: int) -> jax.Array:
+  """d/dw of ``sum(g * conv(x, w))`` for a stride-1 'SAME' conv: [kh, kw, Ci, Co].
+
+  .. math::
+
+    \\frac{\\partial}{\\partial w_{ijcd}} = \\sum_{n,y,z} x_{n,\\,y+i-p,\\,z+j-q,\\,c}\\,g_{nyzd}
+
+  with ``(p, q) = (kh // 2, kw // 2)`` and x zero outside the image: one
+  matmul of the kh kw shifted copies of the input, channels first,
+  [kh kw Ci, N H W], with the output gradient [N H W, Co].
+  """
+  n, h, w, ci = x.shape
+  p, q = kh // 2, kw // 2
+  padded = jnp.pad(jnp.transpose(x, (3, 0, 1, 2)), ((0, 0), (0, 0), (p, p), (q, q)))
+  shifted = jnp.stack([padded[:, :, i:i + h, j:j + w] for i in range(kh) for j in range(kw)])
+  grad = shifted.reshape(kh * kw * ci, n * h * w) @ g.reshape(n * h * w, -1)
+  return grad.reshape(kh, kw, ci, -1)
 
 
 def max_pool_2x2(x: jax.Array) -> jax.Array:
