@@ -114,8 +114,8 @@ def _conv_same_fwd(x, w):
 
 def _conv_same_bwd(residuals, g):
   x, w = residuals
-  _, input_vjp = jax.vjp(lambda x: _conv(x, w), x)
-  return input_vjp(g)[0], _filter_gradient(x, g, w.shape[0], w.shape[1])
+  (dx,) = jax.linear_transpose(lambda x: _conv(x, w), x)(g)  # XLA's input gradient
+  return dx, _filter_gradient(x, g, w.shape[0], w.shape[1])
 
 
 _conv_same.defvjp(_conv_same_fwd, _conv_same_bwd)
