@@ -120,7 +120,7 @@ def _normalize(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
   return hi + (lo >> _CARRY_BITS), lo & _CARRY_MASK
 
 
-def _column_sums(cols: Sequence[jax.Array], ids: jax.Array, num_segments: int) -> jax.Array:
+def _column_sums(cols: jax.Array, ids: jax.Array, num_segments: int) -> jax.Array:
   """Per-segment sums [num_segments, K] of int32 columns [K, C, ...] (ids [C, ...]).
 
   One 1-D scatter-add per column: on CPU, K scalar scatters are about twice

@@ -526,7 +526,7 @@ def confidence_key(c: jax.Array) -> jax.Array:
   resolves ``c`` and ``1 - c`` to full float32 precision.
   """
   c = _sort.clip_unit(c)
-  low = _sort.float_key(c)
+  low = jax.lax.bitcast_convert_type(c, jnp.int32)  # _sort.float_key of the clipped c
   high = _KEY_MAX - jax.lax.bitcast_convert_type(jnp.float32(1.0) - c, jnp.int32)
   return jnp.where(c < 0.5, low, high)
 
