@@ -60,11 +60,11 @@ QUICK_CONFIGS = (("rows", None), ("samples", None), ("bits", None))
 def cases():
   grid = lambda t: np.sort(np.asarray(t, np.float32))  # noqa: E731
   return {
-      "sweep_T10": dict(rows=grid(np.arange(10) / 20 + 0.5), clip=True,
+      "sweep_T10": dict(rows=grid(np.arange(10) / 20 + 0.5), unit=True,
                         public=lambda t: lambda c, k: cj.sweep(c, k, t)),
-      "sweep_T50": dict(rows=grid(cj.default_thresholds()), clip=True,
+      "sweep_T50": dict(rows=grid(cj.default_thresholds()), unit=True,
                         public=lambda t: lambda c, k: cj.sweep(c, k, t)),
-      "ece_15_bins": dict(rows=np.asarray(_calibration.width_edges(15))[1:-1], clip=False,
+      "ece_15_bins": dict(rows=np.asarray(_calibration.width_edges(15))[1:-1], unit=False,
                           public=lambda t: lambda c, k: cj.ece(c, k)),
   }
 
@@ -196,7 +196,7 @@ def main(argv=None) -> int:
     for form, block in configs:
       block = {None: None, "other": 384 - default_block}[block]
       label = f"dense_{form}_b{block or 'auto'}"
-      fn = jax.jit(functools.partial(_dense.bucket_sums, clip=case["clip"], block=block,
+      fn = jax.jit(functools.partial(_dense.bucket_sums, unit=case["unit"], block=block,
                                      form=form))
       try:
         got = [np.asarray(x) for x in fn(c, ok, rows)]

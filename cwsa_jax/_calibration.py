@@ -184,7 +184,7 @@ def bin_sums(confidences: jax.Array, correct: jax.Array, edges: jax.Array,
                                         chunk_size=_CHUNK_SIZE, counted=True)
   if mask is None and confidences.ndim == 1 and _dense.applies(confidences, correct, num_bins):
     per_bin = lambda: tuple(x.reshape(num_bins, -1) for x in scatter())  # noqa: E731
-    hi, lo = _dense.by_platform(per_bin, confidences, correct, edges[1:-1], clip=False)
+    hi, lo = _dense.by_platform(per_bin, confidences, correct, edges[1:-1], unit=False)
     hi, lo = hi.reshape(num_segments, -1), lo.reshape(num_segments, -1)
   else:
     hi, lo = scatter()

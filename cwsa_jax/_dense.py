@@ -92,7 +92,7 @@ FORMS = ("rows", "samples", "bits")
 FORM = "bits"
 
 
-def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, clip, form):
+def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, form):
   from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU module, on use)
   first = pl.program_id(1) * (block * steps)
   rows = rows_ref[...]
@@ -111,9 +111,11 @@ def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, clip, form):
     valid = first + start + lax.broadcasted_iota(jnp.int32, (block,), 0) < n
     c = plgpu.load(c_ref.at[pl.ds(start, block)], mask=valid, other=0.0)
     k = plgpu.load(k_ref.at[pl.ds(start, block)], mask=valid, other=False)
-    unit = jnp.minimum(jnp.maximum(c, 0.0), 1.0)
-    compared = jnp.where(valid, unit if clip else c, jnp.nan)
-    w = ((1.0 - unit) * 16777216.0).astype(jnp.int32) | (1 << 25)
+    if unit:  # confidences NaN or outside [0, 1] are left out, as on the scatter path
+      valid = valid & (c >= 0.0) & (c <= 1.0)
+    compared = jnp.where(valid, c, jnp.nan)
+    clipped = jnp.minimum(jnp.maximum(c, 0.0), 1.0)
+    w = ((1.0 - clipped) * 16777216.0).astype(jnp.int32) | (1 << 25)
     source = jnp.where(times_correct, jnp.where(k, w, 0)[:, None], w[:, None])
     digits = lax.shift_right_logical(source, shifts) & masks
     if form == "bits":
@@ -142,15 +144,16 @@ def _output_like(like: jax.Array, shape: tuple[int, ...]) -> jax.ShapeDtypeStruc
   return jax.ShapeDtypeStruct(shape, jnp.int32, **({} if value is None else {name: value}))
 
 
-def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, clip: bool,
+def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, unit: bool,
              block: int | None = None, per_program: int | None = None,
              num_warps: int = _NUM_WARPS, form: str | None = None) -> jax.Array:
   """int32 [S, programs, R, 16]: per program, the sums ``G`` of each row over its samples.
 
   ``confidences`` and ``correct`` are [S, n] (S rows of samples, each summed
   on its own). ``rows`` is float32 [R] (R a power of two >= 16; ``-inf``
-  counts every sample, ``+inf`` none). ``clip`` compares ``clip(c, 0, 1)``
-  with the rows (the sweep) rather than ``c`` (the calibration bins).
+  counts every sample, ``+inf`` none). With ``unit`` (the sweep) samples
+  whose confidence is NaN or outside [0, 1] are left out; without (the
+  calibration bins) every ``c`` is compared as it is.
   ``block`` samples per step (default: 128, or 256 for R = 64, the fastest
   measured by ``benchmarks/gpu_choices.py``);
   ``per_program`` samples per program (a power of two <= 2^16; default: at
@@ -169,7 +172,7 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, cli
   steps = per_program // block
   num_programs = pl.cdiv(n, per_program)
   form = form or FORM
-  kernel = functools.partial(_kernel, n=n, block=block, steps=steps, clip=clip, form=form)
+  kernel = functools.partial(_kernel, n=n, block=block, steps=steps, unit=unit, form=form)
   sums = pl.pallas_call(
       kernel,
       out_shape=_output_like(confidences, (num_samples, num_programs, num_rows, _WIDTH)),
@@ -205,7 +208,7 @@ def _bucket_table(sums: jax.Array, num_buckets: int) -> tuple[jax.Array, jax.Arr
 
 
 def bucket_sums(confidences: jax.Array, correct: jax.Array, sorted_rows: jax.Array, *,
-                clip: bool, **options) -> tuple[jax.Array, jax.Array]:
+                unit: bool, **options) -> tuple[jax.Array, jax.Array]:
   """Exact per-bucket ``(hi, lo)`` [..., T + 1, 6] of binary samples [..., n], bucket = #rows <= c.
 
   The sums of ``_stats.segment_columns`` with segment ``2 bucket + correct``,
@@ -219,16 +222,16 @@ def bucket_sums(confidences: jax.Array, correct: jax.Array, sorted_rows: jax.Arr
                           jnp.full((size - num_buckets,), jnp.inf, jnp.float32)])
   # Integer sums carry no derivative (callers define it); no tangent reaches the kernel.
   confidences = lax.stop_gradient(confidences)
-  sums = row_sums(confidences.reshape(-1, n), correct.reshape(-1, n), rows, clip=clip, **options)
+  sums = row_sums(confidences.reshape(-1, n), correct.reshape(-1, n), rows, unit=unit, **options)
   hi, lo = _bucket_table(sums, num_buckets)
   return hi.reshape(lead + hi.shape[1:]), lo.reshape(lead + lo.shape[1:])
 
 
 def by_platform(fallback, confidences: jax.Array, correct: jax.Array, sorted_rows: jax.Array,
-                *, clip: bool) -> tuple[jax.Array, jax.Array]:
+                *, unit: bool) -> tuple[jax.Array, jax.Array]:
   """:func:`bucket_sums` on CUDA GPUs, ``fallback()`` (the scatter path) elsewhere."""
   return _by_platform(confidences, correct, sorted_rows,
-                      cuda=functools.partial(bucket_sums, clip=clip),
+                      cuda=functools.partial(bucket_sums, unit=unit),
                       default=lambda *args: fallback())
 
 

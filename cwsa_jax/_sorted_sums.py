@@ -36,6 +36,7 @@ from jax import lax
 from cwsa_jax import _dense
 from cwsa_jax import _exact
 from cwsa_jax import _sort
+from cwsa_jax import _validation
 
 # Samples per chunk: a chunk's column sums stay <= 4096 * 4096 = 2^24.
 _CHUNK = 4096
@@ -68,20 +69,25 @@ def bucket_sums(confidences: jax.Array, correct: jax.Array,
   """Exact per-bucket ``(hi, lo)`` [T + 1, 6] of binary samples [n]: the sweep's bucket sums.
 
   Bucket ``b`` holds the samples with exactly ``b`` of the ascending
-  ``sorted_thresh`` at or below ``clip(c, 0, 1)``; the layout is that of
-  ``_stats.segment_columns`` (segment ``2 bucket + correct``).
+  ``sorted_thresh`` at or below ``c``; the layout is that of
+  ``_stats.segment_columns`` (segment ``2 bucket + correct``). Samples whose
+  confidence is NaN or outside [0, 1] are left out.
   """
   n = confidences.shape[0]
   num_chunks = n // _CHUNK + 1  # the chunk holding position n exists
   confidences = lax.stop_gradient(confidences)  # integer sums: callers define the derivative
   packed = (_sort.float_key(confidences) << 1) | correct.astype(jnp.int32)
-  # Padding sorts last; no prefix P(q), q <= n, reaches it.
-  packed = jnp.pad(packed, (0, num_chunks * _CHUNK - n), constant_values=jnp.iinfo(jnp.int32).max)
+  # Confidences NaN or outside [0, 1] are left out, as on the scatter path: they sort
+  # last with the padding, above every bucket's end (the key _ABOVE_ONE).
+  never = jnp.iinfo(jnp.int32).max
+  packed = jnp.where(_validation.bad_unit(confidences), never, packed)
+  packed = jnp.pad(packed, (0, num_chunks * _CHUNK - n), constant_values=never)
   chunks = lax.sort(packed).reshape(num_chunks, _CHUNK)
   # Thresholds above 1 (+inf included) lie above every sample.
   t_key = jnp.where(sorted_thresh > 1.0, _ABOVE_ONE, _sort.float_key(sorted_thresh))
+  t_key = jnp.concatenate([t_key, jnp.full((1,), _ABOVE_ONE, jnp.int32)])
   below = jnp.searchsorted(chunks.reshape(-1), t_key << 1, side="left").astype(jnp.int32)
-  q = jnp.concatenate([jnp.zeros((1,), jnp.int32), below, jnp.full((1,), n, jnp.int32)])
+  q = jnp.concatenate([jnp.zeros((1,), jnp.int32), below])
   # Exclusive running sums of the chunk totals, in (hi, lo) form: [6, chunks].
   totals_hi, totals_lo = _exact.split(_column_sums(chunks))
   before = lambda x: jnp.cumsum(x, axis=1) - x  # noqa: E731

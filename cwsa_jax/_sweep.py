@@ -252,7 +252,7 @@ def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, m
     scatter = functools.partial(_bucket_sums_impl, confidences, correct, sorted_thresh,
                                 num_groups=None, masked=False, given=False, dense=False)
     if _dense.applies(confidences, correct, sorted_thresh.shape[0] + 1):
-      return _dense.by_platform(scatter, confidences, correct, sorted_thresh, clip=True)
+      return _dense.by_platform(scatter, confidences, correct, sorted_thresh, unit=True)
     if _sorted_sums.applies(confidences, correct, sorted_thresh.shape[0] + 1):
       return _sorted_sums.by_platform(scatter, confidences, correct, sorted_thresh)
   buckets = _Buckets(sorted_thresh)
@@ -267,21 +267,20 @@ def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, m
     rest = list(rest)
     offset = rest.pop() if flattened else None
     segment = rest.pop() if given else buckets(c, one_per_cell=one_per_cell)
-    drop = None
+    # Left out: confidences NaN or outside [0, 1] (traced ones: the count tells), out-of-range
+    # groups (inside a user's jit) and masked samples.
+    drop = _validation.bad_unit(c)
     if groups is not None:
       g = rest.pop(0)
       segment = g * num_buckets + segment
-      drop = (g < 0) | (g >= num_groups)  # out-of-range groups (inside a user's jit): left out
+      drop = drop | (g < 0) | (g >= num_groups)
     if mask is not None:
-      keep = rest.pop(0)
-      drop = ~keep if drop is None else drop | ~keep
+      drop = drop | ~rest.pop(0)
     row = _chunk_rows(c.shape[0], rows, n, offset)
     if row is not None:
       segment = segment + row * per_row
     ids, cols = _stats.segment_columns(c, kappa, segment)
-    if drop is not None:
-      ids = jnp.where(drop, num_segments, ids)
-    return ids, cols
+    return jnp.where(drop, num_segments, ids), cols
 
   def sums(*arrays, one_per_cell):
     fn = functools.partial(columns, one_per_cell=one_per_cell)
@@ -321,7 +320,10 @@ def bucket_sums(confidences: jax.Array, correct: jax.Array, sorted_thresh: jax.A
   Bucket ``b`` holds the samples with exactly ``b`` sorted thresholds <= c;
   W is ``_stats.bucket_width(graded)``. With ``groups`` ([..., n] ids in
   [0, num_groups); others are left out) the buckets are per group. Samples
-  with ``mask`` False are left out. The sums are exact integers in canonical
+  with ``mask`` False, and those whose confidence is NaN or outside [0, 1]
+  (possible only inside a user's ``jit``), are left out: :func:`kept_count`
+  of the sums counts the rest, a validity flag that costs no pass over the
+  samples. The sums are exact integers in canonical
   form, so adding two of them (and normalising) gives bit-for-bit the sums of
   the concatenated samples. Leading axes [...] (and ``jax.vmap``) are summed
   in the same single pass, as separate segments. ``buckets`` ([..., n],
@@ -440,22 +442,33 @@ def result_from_bucket_sums(hi: jax.Array, lo: jax.Array, thresholds: jax.Array,
   return result_from_sums(sums_from_bucket_sums(hi, lo), thresholds, order, invalid)
 
 
-def _exact_suffix_sums(confidences, correct, sorted_thresh):
-  return sums_from_bucket_sums(*bucket_sums(confidences, correct, sorted_thresh))
+def kept_count(hi: jax.Array, lo: jax.Array) -> jax.Array:
+  """int32 [...]: the samples in per-bucket sums [..., T + 1, W] (exact, the count columns)."""
+  columns = (0, 3) if hi.shape[-1] == _stats.bucket_width(False) else (0,)
+  return sum(jnp.sum(hi[..., j], axis=-1) * 4096 + jnp.sum(lo[..., j], axis=-1) for j in columns)
 
 
-def _segments(confidences, correct, sorted_thresh):
-  del correct
+def _sums_of(confidences, correct, sorted_thresh, hi, lo):
+  del confidences, correct, sorted_thresh
+  return sums_from_bucket_sums(hi, lo)
+
+
+def _segments(confidences, correct, sorted_thresh, *bucket_sums):
+  del correct, bucket_sums
   return bucket_ids(confidences, sorted_thresh), (sorted_thresh.shape[0] + 1,), 0
 
 
 @functools.partial(jax.jit, static_argnames=("normalize",))
 def _sweep_1d(confidences, correct, thresholds, normalize="retained"):
   order, sorted_thresh = sorted_thresholds(thresholds)
-  # Exact sums; their derivative in c (and kappa) is the float sum over each retained set.
-  sums = _stats.exact_sums(_exact_suffix_sums, _segments, confidences, correct, sorted_thresh)
-  return _stats.renormalize(result_from_sums(sums, thresholds, order, jnp.zeros((), bool)),
-                            normalize)
+  # Exact integer sums (no derivative), and from them the retained-set sums, whose
+  # derivative in c (and kappa) is the float sum over each retained set.
+  hi, lo = bucket_sums(*jax.lax.stop_gradient((confidences, correct, sorted_thresh)))
+  sums = _stats.exact_sums(_sums_of, _segments, confidences, correct, sorted_thresh, hi, lo)
+  # The kernel leaves out confidences NaN or outside [0, 1]: a row that lost any is invalid
+  # (inside a user's jit; concrete ones were checked), flagged without a pass of its own.
+  left_out = kept_count(hi, lo) != confidences.shape[-1]
+  return _stats.renormalize(result_from_sums(sums, thresholds, order, left_out), normalize)
 
 
 def sweep(confidences, correct, thresholds, *, normalize: str = "retained") -> SweepResult:
@@ -525,7 +538,8 @@ def sweep(confidences, correct, thresholds, *, normalize: str = "retained") -> S
 
 
 def _sweep(confidences, correct, thresholds, *, normalize: str) -> SweepResult:
-  confidences, correct, invalid = _validation.samples(confidences, correct)
+  # Invalid confidences: flagged by the kernel (_sweep_1d); correctness here.
+  confidences, correct, invalid = _validation.samples(confidences, correct, flag_confidences=False)
   thresholds, _ = _validation.thresholds(thresholds)  # invalid ones: NaN in the kernel
   fn = functools.partial(_sweep_1d, normalize=normalize)
   for _ in range(confidences.ndim - 1):

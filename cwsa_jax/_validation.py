@@ -432,7 +432,7 @@ class Samples(NamedTuple):
 
 
 def samples(confidences: Any, correct: Any, *, scores: bool = False,
-            graded: bool = True) -> Samples:
+            graded: bool = True, flag_confidences: bool = True) -> Samples:
   """The common entry point of the (confidences, correct) metrics.
 
   Args:
@@ -441,6 +441,11 @@ def samples(confidences: Any, correct: Any, *, scores: bool = False,
     correct: [..., n] bool, integer 0/1 or graded float in [0, 1].
     scores: apply the rank metrics' range rule to ``confidences``.
     graded: accept graded (non-binary) float correctness.
+    flag_confidences: include traced confidences in the flag. A kernel that
+      leaves out confidences NaN or outside [0, 1] and counts what it kept
+      (``_sweep.bucket_sums``) flags them from that count instead, with no
+      pass of its own over the samples; the check stays registered with
+      ``checkify``.
 
   Returns:
     :class:`Samples`; ``invalid`` is the traced per-row flag (None when the
@@ -449,10 +454,9 @@ def samples(confidences: Any, correct: Any, *, scores: bool = False,
   c = as_float_array(confidences, "confidences")
   k = correct_array(correct)
   _check_sample_shapes(c, k)
-  flag = either(
-      check_finite_in_unit_interval(c, "confidences",
-                                    unit=SCORES_IN_UNIT_INTERVAL or not scores),
-      check_correct(k, graded=graded))
+  confidence_flag = check_finite_in_unit_interval(c, "confidences",
+                                                  unit=SCORES_IN_UNIT_INTERVAL or not scores)
+  flag = either(confidence_flag if flag_confidences else None, check_correct(k, graded=graded))
   return Samples(_float32(c), convert_correct(k), flag)
 
 

@@ -27,6 +27,8 @@ KAPPA = RNG.random(N).astype(np.float32)
 GROUPS = RNG.integers(0, 5, N).astype(np.int32)
 T = np.array([0.0, 0.1, 0.25, 0.25, 0.5, 0.9, 0.999], np.float32)
 T_DENSE = np.linspace(0.0, 0.99, 300).astype(np.float32)
+# Confidences the bucket sums leave out, and -0.0, which they keep.
+INVALID_OR_EDGE = np.array([np.nan, np.inf, -np.inf, -0.5, 1.5, 1.0000001, -0.0], np.float32)
 
 
 def _kernels():
@@ -155,7 +157,8 @@ def test_dense_gpu_form_equals_cpu_form(name, monkeypatch):
 
 
 def test_dense_bucket_sums_equal_scatter_sums_on_random_draws(monkeypatch):
-  """Random sizes, grids (ties, samples on thresholds, 0 and 1), rows and launch shapes:
+  """Random sizes, grids (ties, samples on thresholds, 0 and 1), rows, launch shapes and
+  confidences NaN or outside [0, 1]:
   ``_dense.bucket_sums`` (interpreted) gives the scatter path's integers."""
   import functools
   from cwsa_jax import _dense
@@ -170,7 +173,9 @@ def test_dense_bucket_sums_equal_scatter_sums_on_random_draws(monkeypatch):
     t = np.sort(np.concatenate([rng.choice(c.ravel(), num_t // 2),
                                 rng.random(num_t - num_t // 2)]).astype(np.float32))
     ok = rng.random((rows, n)) < c
-    dense = _dense.bucket_sums(jnp.asarray(c), jnp.asarray(ok), jnp.asarray(t), clip=True,
+    if draw % 2:  # left out on both paths (-0.0 kept)
+      c.flat[rng.integers(0, c.size, 4)] = rng.choice(INVALID_OR_EDGE, 4)
+    dense = _dense.bucket_sums(jnp.asarray(c), jnp.asarray(ok), jnp.asarray(t), unit=True,
                                form=_dense.FORMS[draw % 3], block=128,
                                per_program=int(rng.choice([128, 512, 1 << 16])))
     want = scatter(jnp.asarray(c), jnp.asarray(ok), jnp.asarray(t))
@@ -205,7 +210,8 @@ def test_sorted_gpu_form_equals_cpu_form(name, monkeypatch):
 
 
 def test_sorted_bucket_sums_equal_scatter_sums_on_random_draws():
-  """Sizes around the 4096-sample chunks, ties, samples on thresholds, thresholds outside [0, 1]."""
+  """Sizes around the 4096-sample chunks, ties, samples on thresholds, thresholds outside [0, 1],
+  confidences NaN or outside [0, 1]."""
   import functools
   from cwsa_jax import _sorted_sums
   scatter = jax.jit(functools.partial(_sweep._bucket_sums_impl, num_groups=None, masked=False,
@@ -219,6 +225,8 @@ def test_sorted_bucket_sums_equal_scatter_sums_on_random_draws():
                         [-0.5, 1.0, np.inf]]).astype(np.float32)
     t = np.sort(t)
     ok = rng.random(n) < c
+    if n > 5:  # left out on both paths (-0.0 kept)
+      c[rng.integers(0, n, 5)] = rng.choice(INVALID_OR_EDGE, 5)
     got = jax.jit(_sorted_sums.bucket_sums)(c, ok, t)
     for a, b in zip(got, scatter(jnp.asarray(c), jnp.asarray(ok), jnp.asarray(t))):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"n = {n}")

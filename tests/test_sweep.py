@@ -270,3 +270,37 @@ def test_batched_bucket_sums_equal_row_by_row(monkeypatch, chunk):
       lambda c, k, g, m: _sweep.bucket_sums(c, k, st, m, groups=g, num_groups=3))))
   got = np.stack([np.asarray(x) for x in vmapped(c, ok, groups, mask)], axis=2)
   np.testing.assert_array_equal(got, np.stack(want))
+
+
+def test_bucket_sums_leave_out_invalid_confidences_and_count_the_rest():
+  """NaN, inf and values outside [0, 1] are left out of every bucket (-0.0 and 0, 1 stay in):
+  the sums equal those of the valid samples alone, and ``kept_count`` counts them exactly."""
+  rng = np.random.default_rng(3)
+  c = rng.uniform(0, 1, (2, 500)).astype(np.float32)
+  ok = rng.uniform(size=c.shape) < c
+  c[0, :8] = [np.nan, np.inf, -np.inf, -1e-30, 1.0000001, 7.0, -0.0, 1.0]
+  c[1, 10] = 0.0
+  _, st = _sweep.sorted_thresholds(jnp.asarray(GRID))
+  keep = (c >= 0) & (c <= 1)
+  kernel = jax.jit(lambda c, k: _sweep.bucket_sums(c, k, st))
+  hi, lo = kernel(c, ok)
+  np.testing.assert_array_equal(np.asarray(_sweep.kept_count(hi, lo)), keep.sum(axis=1))
+  for row in range(2):
+    want = kernel(c[row][keep[row]], ok[row][keep[row]])
+    for a, b in zip(want, (hi[row], lo[row])):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  graded = jax.jit(lambda c, k: _sweep.bucket_sums(c, k, st))(c, rng.uniform(size=c.shape)
+                                                              .astype(np.float32))
+  np.testing.assert_array_equal(np.asarray(_sweep.kept_count(*graded)), keep.sum(axis=1))
+
+
+def test_inside_jit_one_invalid_confidence_among_2_to_24_plus_1_samples_gives_nan():
+  """The flag is an exact integer count: a float32 count would round 2^24 kept samples and
+  2^24 + 1 to the same number and miss the one left out."""
+  n = (1 << 24) + 1
+  c = np.full(n, 0.75, np.float32)
+  ok = np.ones(n, bool)
+  f = jax.jit(sweep)
+  assert np.all(np.isfinite(np.asarray(f(c, ok, jnp.asarray(GRID)).cwsa)))
+  c[12345] = np.nan
+  assert np.all(np.isnan(np.asarray(f(c, ok, jnp.asarray(GRID)).cwsa)))
