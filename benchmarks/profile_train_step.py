@@ -1,7 +1,7 @@
 """Where a ``cwsa-jax train`` step spends its time on this machine: CPU per example and per XLA op.
 
 Usage: python benchmarks/profile_train_step.py [--dataset mnist] [--devices N] [--steps 100]
-       [--profile-steps 30] [--top 25] [--out FILE.json]
+       [--profile-steps 30] [--top 25] [--out FILE.json] [--hlo FILE.txt]
 
 Builds the training step of ``cwsa-jax train`` (the dataset's default configuration, local data
 from ``CWSA_JAX_DATA_DIR``), data parallel over ``--devices`` CPU devices (default: one per core,
@@ -57,6 +57,8 @@ def main() -> None:
   p.add_argument("--profile-steps", type=int, default=30)
   p.add_argument("--top", type=int, default=25)
   p.add_argument("--out")
+  p.add_argument("--hlo", help="also write the compiled step's HLO text here (to look up the "
+                 "fusions the profile names)")
   args = p.parse_args()
   config = get_config(args.dataset)
   train.reuse_host_memory()
@@ -89,6 +91,9 @@ def main() -> None:
     jax.block_until_ready(loss)
 
   run(0, 5)  # compilation
+  if args.hlo:
+    compiled = step.lower(state, images, labels, order, np.int32(0)).compile()
+    Path(args.hlo).write_text(compiled.as_text())
   load = load_average()
   wall, cpu = time.perf_counter(), os.times()
   run(5, args.steps)

@@ -107,11 +107,22 @@ def _float64_filter_gradient(x, g, kh, kw):
   return out
 
 
+def _float64_conv(x, w):
+  """The stride-1 'SAME' conv in float64: sum over taps and input channels."""
+  x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
+  n, h, wd, _ = x.shape
+  kh, kw = w.shape[:2]
+  padded = np.pad(x, ((0, 0), (kh // 2, kh // 2), (kw // 2, kw // 2), (0, 0)))
+  return sum(np.einsum("nyzc,cd->nyzd", padded[:, i:i + h, j:j + wd], w[i, j])
+             for i in range(kh) for j in range(kw))
+
+
 @pytest.mark.parametrize("shape", [(4, 28, 28, 1, 32), (3, 14, 14, 32, 64), (2, 7, 9, 3, 5),
-                                   (2, 6, 5, 4, 3, 5, 3)])
+                                   (2, 6, 5, 4, 3, 5, 3), (2, 8, 8, 5, 4)])
 def test_conv_hook_same_forward_and_input_gradient_and_filter_gradient(shape):
-  """The conv hook: forward and input gradient bit for bit lax's, filter gradient within
-  float32 rounding of a float64 reference (odd sizes, a 5 x 3 kernel)."""
+  """The conv hook: forward and input gradient bit for bit lax's (of the operands with a
+  channel of zeros added when their number is odd), forward and filter gradient within float32
+  rounding of a float64 reference (odd sizes, a 5 x 3 kernel)."""
   n, h, w, ci, co = shape[:5]
   kh, kw = shape[5:] if len(shape) > 5 else (3, 3)
   rng = np.random.default_rng(sum(shape))
@@ -120,11 +131,21 @@ def test_conv_hook_same_forward_and_input_gradient_and_filter_gradient(shape):
   g = jnp.asarray(rng.normal(size=(n, h, w, co)), jnp.float32)
   dn = jax.lax.conv_dimension_numbers(x.shape, kernel.shape, ("NHWC", "HWIO", "NHWC"))
   args = ((1, 1), "SAME", (1, 1), (1, 1), dn, 1)
-  y_lax, vjp_lax = jax.vjp(lambda a, b: jax.lax.conv_general_dilated(a, b, *args), x, kernel)
+  extra = ci % 2 if ci > 1 else 0  # the channel of zeros
+
+  def lax_conv(a, b):
+    a = jnp.pad(a, ((0, 0), (0, 0), (0, 0), (0, extra)))
+    b = jnp.pad(b, ((0, 0), (0, 0), (0, extra), (0, 0)))
+    dn = jax.lax.conv_dimension_numbers(a.shape, b.shape, ("NHWC", "HWIO", "NHWC"))
+    return jax.lax.conv_general_dilated(a, b, *args[:4], dn, 1)
+
+  y_lax, vjp_lax = jax.vjp(lax_conv, x, kernel)
   hook = lambda a, b: models.conv_general_dilated(a, b, *args, out_sharding=None)  # noqa: E731
   assert "custom_vjp_call" in str(jax.make_jaxpr(hook)(x, kernel))  # the matmul filter gradient
   y, vjp = jax.vjp(hook, x, kernel)
   np.testing.assert_array_equal(np.asarray(y), np.asarray(y_lax))
+  y64 = _float64_conv(x, kernel)
+  assert np.abs(np.asarray(y) - y64).max() <= 2e-6 * np.abs(y64).max()
   (dx_lax, dw_lax), (dx, dw) = vjp_lax(g), vjp(g)
   np.testing.assert_array_equal(np.asarray(dx), np.asarray(dx_lax))
   want = _float64_filter_gradient(x, g, kh, kw)

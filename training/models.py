@@ -24,7 +24,9 @@ the commands that produced them, in the repository's
 
 XLA's CPU convolution *filter* gradients dominate the step time: the convs
 pass :func:`conv_general_dilated` to ``nnx.Conv``, which computes them as one
-matmul where that measured faster (few input channels). ``nnx.max_pool`` is
+matmul where that measured faster (few input channels), and give an odd number
+of input channels (CIFAR-10's 3) a channel of zeros, which made XLA's forward
+conv 7x faster. ``nnx.max_pool`` is
 avoided because its gradient (``select_and_scatter_add``) is much slower on
 CPU than the reshape-and-max used here.
 """
@@ -67,6 +69,13 @@ class ConvBlock(nnx.Module):
 # 22.6-24.0 against 21.5-21.7 steps/s; CIFAR-10 8.06-8.13 against 7.99-8.13 (its 3 -> 24
 # conv alone: 8.38-8.40), alternating runs of benchmarks/profile_train_step.py.
 MATMUL_FILTER_GRADIENT_MAX_CHANNELS = 32
+# XLA's CPU forward conv with an odd number of input channels, one core of the same host,
+# batch 64, 3x3 'SAME': 32x32 3 -> 24 11.2 ms, with a fourth channel of zeros 1.5 ms; 5 -> 24
+# 5.6 ms (6 -> 24: 1.8), 7 -> 24 7.1 (8 -> 24: 2.3); 1 -> 32 at 28x28 0.49 (padded: 1.0).
+# CIFAR-10 train step (profile_train_step.py, alternating): 9.6-9.9 against 8.9 steps/s.
+# (Tried, not kept: for more than 32 input channels, one matmul per kernel tap, 48 -> 48 at
+# 16x16 12.2 against 21.8 ms alone, made that step slower: 8.9-9.4 steps/s.)
+ODD_CHANNELS_PADDED = True
 
 
 def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
@@ -76,8 +85,9 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
 
   A float32 NHWC / HWIO 'SAME' convolution with stride 1, no dilation, one
   group and at most :data:`MATMUL_FILTER_GRADIENT_MAX_CHANNELS` input channels
-  gets the same forward pass and input gradient, and its filter gradient
-  from :func:`_filter_gradient` (equal to XLA's up to float rounding).
+  gets lax's forward pass and input gradient (of the operands with a channel of
+  zeros added when their number is odd, see :func:`_conv`), and its filter
+  gradient from :func:`_filter_gradient` (equal to XLA's up to float rounding).
   Anything else is ``lax.conv_general_dilated`` itself.
   """
   ones = (None, 1, (1, 1))
@@ -99,6 +109,14 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
 
 
 def _conv(x: jax.Array, w: jax.Array) -> jax.Array:
+  """lax's stride-1 'SAME' NHWC conv. An odd number (> 1) of input channels gets one more,
+  of zeros in x and w: the same products, summed in another order (equal up to float
+  rounding). XLA's CPU conv was several times slower with odd channel counts
+  (:data:`ODD_CHANNELS_PADDED`)."""
+  ci = x.shape[-1]
+  if ODD_CHANNELS_PADDED and ci > 1 and ci % 2:
+    x = jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, 1)))
+    w = jnp.pad(w, ((0, 0), (0, 0), (0, 1), (0, 0)))
   return lax.conv_general_dilated(x, w, (1, 1), "SAME",
                                   dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
