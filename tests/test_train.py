@@ -594,3 +594,20 @@ def test_summarize_tables_per_score_and_threshold_for_runs_with_a_validation_spl
   assert "--loss focal --epochs 5 --seed 1 --data-dir DATA --out runs/f1 --focal-gamma 3.0" in readme
   assert "--soft-aurc-weight 1.0 --soft-aurc-temperature 0.01 --val-fraction 0.1" in readme
   assert "--label-smoothing 0.1" in readme
+
+
+def test_train_accuracy_metric_equals_nnx_accuracy():
+  """The float32-correctness accuracy of the train step (one all-reduce fewer when data
+  parallel) accumulates the same totals as ``nnx.metrics.Accuracy``, ties in the logits too."""
+  import jax.numpy as jnp
+  from flax import nnx
+  from cwsa_jax.training import train
+  rng = np.random.default_rng(4)
+  ours, theirs = train.make_train_metrics(), nnx.metrics.Accuracy()
+  for n in (64, 37):
+    logits = jnp.asarray(rng.integers(0, 3, (n, 10)), jnp.float32)  # ties: argmax takes the first
+    labels = jnp.asarray(rng.integers(0, 10, n), jnp.int32)
+    ours.update(loss=jnp.float32(0.0), logits=logits, labels=labels)
+    theirs.update(logits=logits, labels=labels)
+  assert float(ours.compute()["accuracy"]) == float(theirs.compute())
+  assert int(ours.accuracy.count[...]) == 101

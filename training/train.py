@@ -387,9 +387,25 @@ def _preprocess(images: jax.Array, config: TrainConfig, key: jax.Array | None) -
   return data_lib.normalize(images, dataset=config.dataset)
 
 
+class _Accuracy(nnx.metrics.Average):
+  """``nnx.metrics.Accuracy`` of integer labels with float32 correctness (the same totals).
+
+  Data parallel, a bool sum is an int32 all-reduce of its own, one more point where the
+  devices wait for each other; a float32 one joins the gradients' all-reduce (MNIST
+  step, profile_train_step.py: collective waits 5-6 against 10-12 ms a step, 21.5-22.0
+  against 20.5-21.8 steps/s).
+  """
+
+  def __init__(self):
+    super().__init__("values")
+
+  def update(self, *, logits: jax.Array, labels: jax.Array, **_) -> None:  # type: ignore[override]
+    super().update(values=(logits.argmax(axis=-1) == labels).astype(jnp.float32))
+
+
 def make_train_metrics() -> nnx.MultiMetric:
   """The training loss and accuracy of an epoch, accumulated on the device by ``train_step``."""
-  return nnx.MultiMetric(loss=nnx.metrics.Average("loss"), accuracy=nnx.metrics.Accuracy())
+  return nnx.MultiMetric(loss=nnx.metrics.Average("loss"), accuracy=_Accuracy())
 
 
 def make_train_step(config: TrainConfig, graphdef: Any, total_steps: int = 1,
