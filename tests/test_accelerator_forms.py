@@ -164,7 +164,7 @@ def test_dense_bucket_sums_equal_scatter_sums_on_random_draws(monkeypatch):
   from cwsa_jax import _dense
   monkeypatch.setattr(_dense, "INTERPRET", True)
   scatter = jax.jit(functools.partial(_sweep._bucket_sums_impl, num_groups=None, masked=False,
-                                      given=False, dense=False))
+                                      given=False, drop_invalid=True, dense=False))
   rng = np.random.default_rng(5)
   for draw in range(8):
     rows, n, num_t = int(rng.choice([1, 3])), int(rng.integers(1, 3000)), int(rng.integers(1, 64))
@@ -215,7 +215,7 @@ def test_sorted_bucket_sums_equal_scatter_sums_on_random_draws():
   import functools
   from cwsa_jax import _sorted_sums
   scatter = jax.jit(functools.partial(_sweep._bucket_sums_impl, num_groups=None, masked=False,
-                                      given=False, dense=False))
+                                      given=False, drop_invalid=True, dense=False))
   rng = np.random.default_rng(9)
   for n in (1, 5, 4095, 4096, 4097, 3 * 4096 + 17):
     num_t = int(rng.integers(65, 300))

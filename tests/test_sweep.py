@@ -273,7 +273,7 @@ def test_batched_bucket_sums_equal_row_by_row(monkeypatch, chunk):
 
 
 def test_bucket_sums_leave_out_invalid_confidences_and_count_the_rest():
-  """NaN, inf and values outside [0, 1] are left out of every bucket (-0.0 and 0, 1 stay in):
+  """drop_invalid: NaN, inf and values outside [0, 1] are left out (-0.0, 0 and 1 stay in):
   the sums equal those of the valid samples alone, and ``kept_count`` counts them exactly."""
   rng = np.random.default_rng(3)
   c = rng.uniform(0, 1, (2, 500)).astype(np.float32)
@@ -282,15 +282,14 @@ def test_bucket_sums_leave_out_invalid_confidences_and_count_the_rest():
   c[1, 10] = 0.0
   _, st = _sweep.sorted_thresholds(jnp.asarray(GRID))
   keep = (c >= 0) & (c <= 1)
-  kernel = jax.jit(lambda c, k: _sweep.bucket_sums(c, k, st))
+  kernel = jax.jit(lambda c, k: _sweep.bucket_sums(c, k, st, drop_invalid=True))
   hi, lo = kernel(c, ok)
   np.testing.assert_array_equal(np.asarray(_sweep.kept_count(hi, lo)), keep.sum(axis=1))
   for row in range(2):
     want = kernel(c[row][keep[row]], ok[row][keep[row]])
     for a, b in zip(want, (hi[row], lo[row])):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  graded = jax.jit(lambda c, k: _sweep.bucket_sums(c, k, st))(c, rng.uniform(size=c.shape)
-                                                              .astype(np.float32))
+  graded = kernel(c, rng.uniform(size=c.shape).astype(np.float32))
   np.testing.assert_array_equal(np.asarray(_sweep.kept_count(*graded)), keep.sum(axis=1))
 
 
