@@ -326,10 +326,11 @@ def bucket_sums(confidences: jax.Array, correct: jax.Array, sorted_thresh: jax.A
   W is ``_stats.bucket_width(graded)``. With ``groups`` ([..., n] ids in
   [0, num_groups); others are left out) the buckets are per group. Samples
   with ``mask`` False are left out, and with ``drop_invalid`` those whose
-  confidence is NaN or outside [0, 1] (traced samples: :func:`kept_count` of
-  the sums counts the rest, a validity flag that costs no pass of its own;
-  the accelerator kernels always leave them out, the CPU's only when asked,
-  where it measured 5-10% of a 10^5-sample sweep). The sums are exact integers in canonical
+  confidence is NaN or outside [0, 1] (for traced samples: :func:`kept_count`
+  of the sums counts the rest, a validity flag that costs no pass of its
+  own). ``_dense`` and ``_sorted_sums`` (CUDA) always leave them out; the
+  scatter path only when asked, its compare costing a few percent of a
+  10^5-sample sweep on the CPU. The sums are exact integers in canonical
   form, so adding two of them (and normalising) gives bit-for-bit the sums of
   the concatenated samples. Leading axes [...] (and ``jax.vmap``) are summed
   in the same single pass, as separate segments. ``buckets`` ([..., n],

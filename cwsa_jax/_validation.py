@@ -443,9 +443,9 @@ def samples(confidences: Any, correct: Any, *, scores: bool = False,
     graded: accept graded (non-binary) float correctness.
     flag_confidences: include traced confidences in the flag. A kernel that
       leaves out confidences NaN or outside [0, 1] and counts what it kept
-      (``_sweep.bucket_sums``) flags them from that count instead, with no
-      pass of its own over the samples; the check stays registered with
-      ``checkify``.
+      (``_sweep.bucket_sums(drop_invalid=True)``) flags them from that count
+      instead, with no pass of its own over the samples; the check stays
+      registered with ``checkify``.
 
   Returns:
     :class:`Samples`; ``invalid`` is the traced per-row flag (None when the
