@@ -243,7 +243,7 @@ def bins_from_totals(edges: jax.Array, count: jax.Array, t: _stats.BinTotals) ->
 
 def exact_count(hi: jax.Array, lo: jax.Array) -> jax.Array:
   """int32 per-bin counts of canonical sums [..., B, CALIBRATION_COLUMNS]."""
-  return hi[..., 0] * 4096 + lo[..., 0]
+  return _exact.to_int(hi[..., 0], lo[..., 0])
 
 
 @functools.partial(jax.jit, static_argnames=("num_bins", "binning"))

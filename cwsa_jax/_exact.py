@@ -364,6 +364,11 @@ def to_float(hi: jax.Array, lo: jax.Array) -> jax.Array:
   return hi.astype(jnp.float32) * float(1 << _CARRY_BITS) + lo.astype(jnp.float32)
 
 
+def to_int(hi: jax.Array, lo: jax.Array) -> jax.Array:
+  """int32 value of the exact integer ``hi * 4096 + lo`` (a count: it must stay below 2^31)."""
+  return (hi << _CARRY_BITS) + lo
+
+
 def exact_float(terms: Sequence[tuple[int, jax.Array, jax.Array, int]]) -> jax.Array:
   """float32 of the exact integer combination ``sum_t sign_t (hi_t 4096 + lo_t) 4096^place_t``.
 

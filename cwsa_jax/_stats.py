@@ -154,7 +154,7 @@ def calibration_canonical(hi: jax.Array, lo: jax.Array,
   h, l = hi.reshape(num_bins, 2, 3), lo.reshape(num_bins, 2, 3)
   both = lambda j: _exact.add((h[:, 0, j], l[:, 0, j]), (h[:, 1, j], l[:, 1, j]))
   count, u_hi, u_lo = both(0), both(1), both(2)
-  right = h[:, 1, 0] * 4096 + l[:, 1, 0]  # N_right < 2^31
+  right = _exact.to_int(h[:, 1, 0], l[:, 1, 0])  # N_right < 2^31
   zero = jnp.zeros_like(right)
   cols_hi = [count[0], right, zero, zero, u_hi[0], u_lo[0]]
   cols_lo = [count[1], zero, zero, zero, u_hi[1], u_lo[1]]

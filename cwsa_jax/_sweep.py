@@ -450,9 +450,12 @@ def result_from_bucket_sums(hi: jax.Array, lo: jax.Array, thresholds: jax.Array,
 
 
 def kept_count(hi: jax.Array, lo: jax.Array) -> jax.Array:
-  """int32 [...]: the samples in per-bucket sums [..., T + 1, W] (exact, the count columns)."""
-  columns = (0, 3) if hi.shape[-1] == _stats.bucket_width(False) else (0,)
-  return sum(jnp.sum(hi[..., j], axis=-1) * 4096 + jnp.sum(lo[..., j], axis=-1) for j in columns)
+  """int32 [...]: the samples in per-bucket sums [..., T + 1, W] (exact: their count columns,
+  the first of each segment's)."""
+  graded = hi.shape[-1] != _stats.bucket_width(False)
+  step = hi.shape[-1] // _stats.segments_per_bucket(graded)
+  total = lambda x: jnp.sum(x[..., ::step], axis=(-2, -1))  # noqa: E731
+  return _exact.to_int(total(hi), total(lo))
 
 
 def _sums_of(confidences, correct, sorted_thresh, hi, lo):
