@@ -48,10 +48,6 @@ case "$cmd" in
       trap 'rm -rf "$JAX_COMPILATION_CACHE_DIR"' EXIT
     fi
     export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="${JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS:-0}"
-    # LLVM at -O0 (HLO passes unchanged): most tests compile more than they compute; 11.7
-    # against 14.9 minutes for the suite on the 2-core machine. Why the results hold, and which
-    # tests still run optimized code: tests/conftest.py. Set it to 0 for the full level.
-    export JAX_DISABLE_MOST_OPTIMIZATIONS="${JAX_DISABLE_MOST_OPTIMIZATIONS:-1}"
     # loadfile: each test file runs on one worker, so its module fixtures are built once and
     # the programs its tests share compile once (per test, the two workers compiled the same
     # programs twice: 987 s against 829 s for the whole suite on the 2-core machine).

@@ -723,7 +723,6 @@ def test_poisson_multiplicities_are_poisson_and_depend_on_the_row_only():
     _poisson_multiplicities(KEY, np.array([-1, 2]), 3)
 
 
-@pytest.mark.full_optimization
 def test_bootstrap_evaluation_poisson_coverage_of_known_population_values():
   # As test_coverage_of_known_population_values: c ~ U[0, 1], correct ~ Bernoulli(c) gives
   # accuracy 1/2, CWSA and selective accuracy at 0.5 of 1/3 and 3/4, and step AURC

@@ -151,7 +151,6 @@ def test_pinned_to_torchmetrics_multiclass_docstring():
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.full_optimization
 @pytest.mark.parametrize("binning", ["width", "mass"])
 @pytest.mark.parametrize("norm", ["l1", "l2", "max"])
 def test_random_against_reference(binning, norm):

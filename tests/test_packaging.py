@@ -207,21 +207,3 @@ def test_core_install_runs_without_the_extras(dist, tmp_path):
   assert proc.returncode == 1 and "cwsa_jax.nnx needs flax: pip install 'cwsa-jax[train]'" in proc.stderr
   proc = run(cli, "--help")
   assert proc.returncode == 0 and "cwsa-jax[plots]" in proc.stdout and "train" in proc.stdout
-
-
-# The suite's optimization level (tests/conftest.py, dev.sh test).
-
-
-def _optimizations_disabled() -> bool:
-  import jax  # noqa: PLC0415
-  return bool(jax.config.read("jax_disable_most_optimizations"))
-
-
-@pytest.mark.full_optimization
-def test_full_optimization_mark_turns_the_optimizations_back_on():
-  assert not _optimizations_disabled()
-
-
-def test_unmarked_tests_keep_the_level_the_suite_started_with():
-  flag = os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS", "0").lower()
-  assert _optimizations_disabled() == (flag in ("1", "true", "t", "yes", "y", "on"))

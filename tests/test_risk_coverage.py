@@ -118,7 +118,6 @@ def test_input_order_never_matters_for_tie_grouped_conventions():
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.full_optimization
 @pytest.mark.parametrize("convention", CONVENTIONS)
 @pytest.mark.parametrize("decimals", [None, 2, 1])
 def test_aurc_augrc_match_reference(convention, decimals):

@@ -30,7 +30,6 @@ def _check(c, ok, tau, normalize="retained"):
   return got
 
 
-@pytest.mark.full_optimization
 @settings(max_examples=60, deadline=None)
 @given(
     n=st.sampled_from([1, 2, 7, 300]),  # few shapes: each new shape compiles

@@ -27,7 +27,6 @@ def _check(c, ok, thresholds, normalize="retained"):
   return got
 
 
-@pytest.mark.full_optimization
 @settings(max_examples=20, deadline=None)
 @given(
     # A few sizes only: every new shape is a new compilation.

@@ -16,13 +16,7 @@ import sys
 
 
 def test_two_cpu_devices_take_the_steps_of_one():
-  # At XLA's full CPU optimization, as users run it (dev.sh test turns most of it off, see
-  # tests/conftest.py). This CNN's conv and batch-norm gradients are ill-conditioned at its
-  # third step (random images): from the same state and batch, float32 gradients differ from
-  # float64 ones by 10-20% at -O2 and by 60-150% at -O0 (the dense layers' agree to 4e-7; the
-  # same with lax's own convolutions, and without flax's fast variance), so -O0's last-bit
-  # changes made one and two devices take different third steps (also at 16 channels, batch 32).
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_DISABLE_MOST_OPTIMIZATIONS": "0"}
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
                         timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
