@@ -212,3 +212,101 @@ def test_jitted_train_step_decreases_loss(built, name, loss_name):
   assert losses[-1] < losses[0]
   model.eval()
   assert bool(jnp.all(jnp.isfinite(_apply(model, x))))
+
+
+def _float64_norm_relu_pool(x, mean, var, scale, bias, eps):
+  """max_pool_2x2(relu(batch norm)) in float64, from its definition."""
+  y = np.maximum((x - mean) * (scale / np.sqrt(var + eps)) + bias, 0.0)
+  n, h, w, c = y.shape
+  return y[:, :h // 2 * 2, :w // 2 * 2].reshape(n, h // 2, 2, w // 2, 2, c).max((2, 4))
+
+
+def _float64_norm_relu_pool_input_gradient(x, mean, var, scale, bias, eps, g):
+  """d/dx of sum(g * output) by jnp.max's convention: entries tied at a window's maximum share
+  its gradient equally (ReLU's gradient is 0 at 0)."""
+  mul = scale / np.sqrt(var + eps)
+  y = np.maximum((x - mean) * mul + bias, 0.0)
+  n, h, w, c = y.shape
+  dx = np.zeros_like(y)
+  for b, i, j, k in np.ndindex(n, h // 2, w // 2, c):
+    window = y[b, 2 * i:2 * i + 2, 2 * j:2 * j + 2, k]
+    if window.max() > 0:
+      hit = window == window.max()
+      dx[b, 2 * i:2 * i + 2, 2 * j:2 * j + 2, k] = hit * g[b, i, j, k] * mul[k] / hit.sum()
+  return dx
+
+
+@pytest.mark.parametrize("shape", [(3, 8, 8, 4), (2, 7, 9, 3)])
+def test_fused_norm_relu_pool_matches_float64_reference(shape):
+  """Value and gradients of models.norm_relu_max_pool within float32 rounding of float64
+  references: the definition, jnp.max's tie rule for x (ties from constant regions, as in the
+  background of digits) and central differences for the statistics, scale and bias (negative
+  scales pool by the minimum)."""
+  rng = np.random.default_rng(sum(shape))
+  n, h, w, c = shape
+  x = rng.normal(size=shape)
+  x[:, :4, :4] = 0.375  # whole windows tied
+  x[:, 4:6, 2:4, 0] = x[:, 4:5, 2:3, 0]
+  x = x.astype(np.float32).astype(np.float64)
+  mean, var = rng.normal(size=c) * 0.3, rng.uniform(0.5, 2.0, size=c)
+  scale = rng.normal(size=c)
+  scale[0], scale[-1] = abs(scale[0]), -abs(scale[-1])
+  bias = rng.normal(size=c) * 0.5
+  params = [a.astype(np.float32).astype(np.float64) for a in (mean, var, scale, bias)]
+  g = rng.normal(size=(n, h // 2, w // 2, c)).astype(np.float32).astype(np.float64)
+  eps = 1e-5
+  f32 = [jnp.asarray(a, jnp.float32) for a in (x, *params)]
+  out, vjp = jax.vjp(lambda *a: models.norm_relu_max_pool(*a, eps), *f32)
+  want = _float64_norm_relu_pool(x, *params, eps)
+  np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+  grads = [np.asarray(d, np.float64) for d in vjp(jnp.asarray(g, jnp.float32))]
+  want_dx = _float64_norm_relu_pool_input_gradient(x, *params, eps, g)
+  assert np.any((want_dx != 0) & (np.abs(want_dx) < np.abs(want_dx).max() / 3))  # split ties
+  np.testing.assert_allclose(grads[0], want_dx, rtol=1e-5, atol=1e-6 * np.abs(want_dx).max())
+  for i, p in enumerate(params):
+    step = 1e-6 * np.maximum(np.abs(p), 1.0)
+    fd = np.empty(c)
+    for k in range(c):
+      up, down = list(params), list(params)
+      up[i], down[i] = p.copy(), p.copy()
+      up[i][k] += step[k]
+      down[i][k] -= step[k]
+      fd[k] = np.sum(g * (_float64_norm_relu_pool(x, *up, eps)
+                          - _float64_norm_relu_pool(x, *down, eps))) / (2 * step[k])
+    np.testing.assert_allclose(grads[i + 1], fd, rtol=1e-4, atol=1e-5 * np.abs(fd).max())
+
+
+def test_fused_blocks_equal_the_three_ops(built, monkeypatch):
+  """Each block's last batch norm, ReLU and pooling fused or as three nnx/jnp ops: the same
+  logits, parameter gradients and running statistics up to float rounding, in both modes."""
+  rng = np.random.default_rng(3)
+  x = rng.normal(size=(8, 28, 28, 1)).astype(np.float32)
+  x[:, :10] = -0.42  # background: tied windows
+  x, y = jnp.asarray(x), jnp.asarray(rng.integers(0, 10, 8))
+
+  calls = []
+  fused_op = models.norm_relu_max_pool
+  monkeypatch.setattr(models, "norm_relu_max_pool",
+                      lambda *a, **k: calls.append(a[0].shape) or fused_op(*a, **k))
+
+  def run(fused):
+    monkeypatch.setattr(models, "FUSED_NORM_RELU_POOL", fused)
+    model = nnx.clone(built["mnist"])
+    model.dropout.rate = 0.0
+
+    @nnx.jit
+    def step(model):
+      loss = lambda m: optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()  # noqa: E731
+      return nnx.grad(loss)(model)
+
+    grads = jax.tree.map(np.asarray, nnx.state(step(model), nnx.Param))
+    stats = jax.tree.map(np.asarray, nnx.state(model, nnx.BatchStat))
+    model.eval()
+    return grads, stats, np.asarray(nnx.jit(lambda m: m(x))(model))
+
+  unfused = run(False)
+  assert not calls
+  fused = run(True)
+  assert calls[:2] == [(8, 28, 28, 32), (8, 14, 14, 64)]  # both blocks, traced in the gradient
+  for a, b in zip(jax.tree.leaves(unfused), jax.tree.leaves(fused)):
+    assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()

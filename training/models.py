@@ -28,11 +28,15 @@ matmul where that measured faster (few input channels), and give an odd number
 of input channels (CIFAR-10's 3) a channel of zeros, which made XLA's forward
 conv 7x faster. ``nnx.max_pool`` is
 avoided because its gradient (``select_and_scatter_add``) is much slower on
-CPU than the reshape-and-max used here.
+CPU than the reshape-and-max used here. Each block ends with one op for batch
+norm, ReLU and pooling (:func:`norm_relu_max_pool`): it pools first, then
+normalizes a quarter of the values, and its gradient is one pass over the
+block's conv output.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -55,9 +59,32 @@ class ConvBlock(nnx.Module):
       self.norms.append(nnx.BatchNorm(out_features, momentum=0.9, rngs=rngs))
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    for conv, norm in zip(self.convs, self.norms):
-      x = jax.nn.relu(norm(conv(x)))
-    return max_pool_2x2(x)
+    *inner, (conv, norm) = zip(self.convs, self.norms)
+    for c, n in inner:
+      x = jax.nn.relu(n(c(x)))
+    if not FUSED_NORM_RELU_POOL:
+      return max_pool_2x2(jax.nn.relu(norm(conv(x))))
+    x = conv(x)
+    return norm_relu_max_pool(x, *_batch_statistics(norm, x), norm.scale[...], norm.bias[...],
+                              epsilon=norm.epsilon)
+
+
+def _batch_statistics(norm: nnx.BatchNorm, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The mean and variance ``norm(x)`` normalizes with, updating its running averages as it does.
+
+  In training mode, the batch's per-channel mean and its variance as ``nnx.BatchNorm`` computes
+  them by default (``E[x^2] - E[x]^2``, clipped at 0); in evaluation mode
+  (``use_running_average``) the running averages.
+  """
+  if norm.use_running_average:
+    return norm.mean[...], norm.var[...]
+  axes = tuple(range(x.ndim - 1))
+  mean = jnp.mean(x, axes)
+  var = jnp.maximum(0.0, jnp.mean(lax.square(x), axes) - lax.square(mean))
+  m = norm.momentum
+  norm.mean[...] = lax.stop_gradient(m * norm.mean[...] + (1 - m) * mean)
+  norm.var[...] = lax.stop_gradient(m * norm.var[...] + (1 - m) * var)
+  return mean, var
 
 
 # Input channels up to which a stride-1 'SAME' conv's filter gradient is one matmul of
@@ -158,6 +185,78 @@ def _filter_gradient(x: jax.Array, g: jax.Array, kh: int, kw: int) -> jax.Array:
   return grad.reshape(kh, kw, ci, -1)
 
 
+# Whether a block's last batch norm, ReLU and 2x2 max pooling are one op with its own gradient
+# (:func:`norm_relu_max_pool`) instead of three.
+FUSED_NORM_RELU_POOL = True
+
+
+def _windows(x: jax.Array) -> jax.Array:
+  """[N, H, W, C] -> [N, H // 2, 2, W // 2, 2, C], odd trailing rows and columns dropped."""
+  n, h, w, c = x.shape
+  return x[:, :h // 2 * 2, :w // 2 * 2].reshape(n, h // 2, 2, w // 2, 2, c)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def norm_relu_max_pool(x: jax.Array, mean: jax.Array, var: jax.Array, scale: jax.Array,
+                       bias: jax.Array, epsilon: float) -> jax.Array:
+  """``max_pool_2x2(relu(batch_norm(x)))`` from pooled inputs, with a one-pass gradient.
+
+  Per channel, batch norm is the affine map :math:`y = (x - \\mu)\\,m + \\beta`,
+  :math:`m = \\gamma / \\sqrt{\\sigma^2 + \\epsilon}` (``mean``, ``var``, ``scale``,
+  ``bias``, computed as ``nnx.BatchNorm`` does), and ReLU is nondecreasing, so for
+  each 2x2 window :math:`w`
+
+  .. math::
+
+    \\max_{i \\in w} \\mathrm{relu}(y_i) = \\mathrm{relu}\\big((\\hat x_w - \\mu)\\,m + \\beta\\big),
+    \\qquad \\hat x_w = \\max_{i \\in w} x_i \\text{ if } m \\ge 0, \\text{ else } \\min_{i \\in w} x_i,
+
+  exactly in floating point too (each rounded step is monotone). The normalization
+  then runs on a quarter of the values. The gradient of the output ``g`` is, with
+  :math:`z_w = (\\hat x_w - \\mu)\\,m + \\beta` and :math:`g'_w = g_w [z_w > 0]`,
+  :math:`\\partial x_i = g'_w\\, m\\, [x_i = \\hat x_w] / \\#\\{j \\in w: x_j = \\hat x_w\\}`
+  (equal :math:`x_i` share it, as ``jnp.max``'s gradient does; where distinct
+  :math:`x_i` round to the same :math:`y_i`, or :math:`m = 0`, ``jnp.max`` would share it
+  too and here the extreme :math:`x_i` takes it),
+  :math:`\\partial\\beta = \\sum_w g'_w`, :math:`\\partial\\gamma = \\sum_w g'_w (\\hat x_w - \\mu)
+  / \\sqrt{\\sigma^2 + \\epsilon}`, :math:`\\partial\\mu = -m \\sum_w g'_w` and
+  :math:`\\partial\\sigma^2 = -\\tfrac12 \\gamma (\\sigma^2 + \\epsilon)^{-3/2}
+  \\sum_w g'_w (\\hat x_w - \\mu)` (sums over the batch and the pooled positions); the
+  statistics' own gradient (through ``mean`` and ``var``) is left to autodiff. Equal to
+  the three ops and their autodiff gradient up to float rounding.
+  """
+  return _norm_relu_max_pool_fwd(x, mean, var, scale, bias, epsilon)[0]
+
+
+def _norm_relu_max_pool_fwd(x, mean, var, scale, bias, epsilon):
+  windows = _windows(x)
+  mul = lax.rsqrt(var + epsilon) * scale
+  pooled = jnp.where(mul >= 0, jnp.max(windows, axis=(2, 4)), jnp.min(windows, axis=(2, 4)))
+  return jax.nn.relu((pooled - mean) * mul + bias), (x, pooled, mean, var, scale, bias)
+
+
+def _norm_relu_max_pool_bwd(epsilon, residuals, g):
+  x, pooled, mean, var, scale, bias = residuals
+  inv_std = lax.rsqrt(var + epsilon)
+  mul = inv_std * scale
+  centred = pooled - mean
+  g = jnp.where(centred * mul + bias > 0, g, 0.0)  # ReLU's gradient (0 at 0, as jax.nn.relu's)
+  axes = (0, 1, 2)
+  g_sum, g_centred = jnp.sum(g, axes), jnp.sum(g * centred, axes)
+  windows = _windows(x)
+  # The ties per window, counted on its four strided corners (a quarter-size pass; a sum over
+  # the window axes made XLA write the full-size comparison out first, 2x slower on the CPU).
+  ties = sum((windows[:, :, i, :, j] == pooled).astype(x.dtype) for i in (0, 1) for j in (0, 1))
+  share = g * mul / ties
+  dx = jnp.where(windows == pooled[:, :, None, :, None], share[:, :, None, :, None], 0.0).reshape(
+      x.shape[0], x.shape[1] // 2 * 2, x.shape[2] // 2 * 2, x.shape[3])
+  dx = jnp.pad(dx, ((0, 0), (0, x.shape[1] % 2), (0, x.shape[2] % 2), (0, 0)))
+  return (dx, -mul * g_sum, -0.5 * scale * inv_std ** 3 * g_centred, inv_std * g_centred, g_sum)
+
+
+norm_relu_max_pool.defvjp(_norm_relu_max_pool_fwd, _norm_relu_max_pool_bwd)
+
+
 def max_pool_2x2(x: jax.Array) -> jax.Array:
   """2x2 max pooling with stride 2 (odd trailing rows/columns are dropped).
 
@@ -165,10 +264,7 @@ def max_pool_2x2(x: jax.Array) -> jax.Array:
   CPU backend the latter's gradient (``select_and_scatter_add``) is much
   slower, enough to make it the most expensive op of the MNIST train step.
   """
-  batch, height, width, channels = x.shape
-  x = x[:, :height // 2 * 2, :width // 2 * 2]
-  x = x.reshape(batch, height // 2, 2, width // 2, 2, channels)
-  return jnp.max(x, axis=(2, 4))
+  return jnp.max(_windows(x), axis=(2, 4))
 
 
 class MnistCNN(nnx.Module):
