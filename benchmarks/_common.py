@@ -132,3 +132,27 @@ def emit(name: str, payload: dict, *, table: Sequence[str] = (), out: str | None
   print(json.dumps(record, indent=1))
   if out:
     write_json_atomic(out, record)
+
+
+def train_step_setup(config, dataset, mesh):
+  """The ``cwsa-jax train`` step of ``config`` on ``mesh``, ready to run: a namespace with
+  ``step``, ``graphdef``, ``state`` (model, optimizer and train metrics, on the mesh),
+  ``images`` and ``labels`` (the training split, cut to whole batches, on the mesh),
+  ``on_mesh`` (their sharding), ``n`` and ``steps_per_epoch``."""
+  import types  # noqa: PLC0415
+
+  from flax import nnx  # noqa: PLC0415
+
+  from cwsa_jax.training import train  # noqa: PLC0415
+  n = len(dataset.train_labels) // config.batch_size * config.batch_size
+  steps_per_epoch = n // config.batch_size
+  model = train.create_model(config, dataset.num_classes)
+  optimizer = train.create_optimizer(config, model, steps_per_epoch)
+  graphdef, state = nnx.split((model, optimizer, train.make_train_metrics()))
+  on_mesh = train.replicated(mesh)
+  return types.SimpleNamespace(
+      step=train.make_train_step(config, graphdef, config.epochs * steps_per_epoch, mesh),
+      graphdef=graphdef, state=jax.device_put(state, on_mesh), on_mesh=on_mesh,
+      images=jax.device_put(dataset.train_images[:n], on_mesh),
+      labels=jax.device_put(dataset.train_labels[:n], on_mesh), n=n,
+      steps_per_epoch=steps_per_epoch)

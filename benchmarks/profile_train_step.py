@@ -65,23 +65,16 @@ def main() -> None:
   devices = train.request_cpu_devices(args.devices, config.batch_size)
   import jax  # noqa: PLC0415 (after the CPU device count is set)
   import numpy as np  # noqa: PLC0415
-  from flax import nnx  # noqa: PLC0415
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-  from _common import emit, load_average  # noqa: PLC0415
+  from _common import emit, load_average, train_step_setup  # noqa: PLC0415
 
   dataset = data_lib.load_dataset(args.dataset)
   mesh = train.data_mesh(devices, config.batch_size)
-  n = len(dataset.train_labels) // config.batch_size * config.batch_size
-  steps_per_epoch = n // config.batch_size
-  model = train.create_model(config, dataset.num_classes)
-  optimizer = train.create_optimizer(config, model, steps_per_epoch)
-  graphdef, state = nnx.split((model, optimizer, train.make_train_metrics()))
-  step = train.make_train_step(config, graphdef, config.epochs * steps_per_epoch, mesh)
-  on_mesh = train.replicated(mesh)
-  images = jax.device_put(dataset.train_images[:n], on_mesh)
-  labels = jax.device_put(dataset.train_labels[:n], on_mesh)
-  order = jax.device_put(data_lib.epoch_permutation(n, seed=0, epoch=0).astype(np.int32), on_mesh)
-  state = jax.device_put(state, on_mesh)
+  setup = train_step_setup(config, dataset, mesh)
+  step, state, images, labels = setup.step, setup.state, setup.images, setup.labels
+  order = jax.device_put(data_lib.epoch_permutation(setup.n, seed=0, epoch=0).astype(np.int32),
+                         setup.on_mesh)
+  steps_per_epoch = setup.steps_per_epoch
 
   def run(first: int, count: int):
     nonlocal state

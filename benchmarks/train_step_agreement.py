@@ -44,34 +44,25 @@ def main() -> None:
   import numpy as np  # noqa: PLC0415
   from flax import nnx  # noqa: PLC0415
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-  from _common import emit  # noqa: PLC0415
+  from _common import emit, train_step_setup  # noqa: PLC0415
 
   dataset = data_lib.load_dataset(args.dataset)
-  n = len(dataset.train_labels) // config.batch_size * config.batch_size
-  steps_per_epoch = n // config.batch_size
   checkpoints = [s for s in _CHECKPOINTS if s <= args.steps]
 
   def run(devices: int, fused: bool):
     models.FUSED_NORM_RELU_POOL = fused
-    mesh = train.data_mesh(devices, config.batch_size)
-    model = train.create_model(config, dataset.num_classes)
-    optimizer = train.create_optimizer(config, model, steps_per_epoch)
-    graphdef, state = nnx.split((model, optimizer, train.make_train_metrics()))
-    step = train.make_train_step(config, graphdef, config.epochs * steps_per_epoch, mesh)
-    on_mesh = train.replicated(mesh)
-    images = jax.device_put(dataset.train_images[:n], on_mesh)
-    labels = jax.device_put(dataset.train_labels[:n], on_mesh)
-    state = jax.device_put(state, on_mesh)
+    setup = train_step_setup(config, dataset, train.data_mesh(devices, config.batch_size))
+    state = setup.state
     losses, params = [], {}
     for b in range(args.steps):
-      epoch, i = divmod(b, steps_per_epoch)
+      epoch, i = divmod(b, setup.steps_per_epoch)
       if i == 0:
-        order = jax.device_put(
-            data_lib.epoch_permutation(n, seed=config.seed, epoch=epoch).astype(np.int32), on_mesh)
-      state, loss = step(state, images, labels, order, np.int32(i))
+        order = jax.device_put(data_lib.epoch_permutation(
+            setup.n, seed=config.seed, epoch=epoch).astype(np.int32), setup.on_mesh)
+      state, loss = setup.step(state, setup.images, setup.labels, order, np.int32(i))
       losses.append(float(loss))
       if b + 1 in checkpoints:
-        model_state = nnx.state(nnx.merge(graphdef, state)[0], nnx.Param)
+        model_state = nnx.state(nnx.merge(setup.graphdef, state)[0], nnx.Param)
         params[b + 1] = np.concatenate([np.ravel(np.asarray(v, np.float64))
                                         for v in jax.tree.leaves(model_state)])
     return losses, params
