@@ -1,7 +1,7 @@
 """Where a ``cwsa-jax train`` step spends its time on this machine: CPU per example and per XLA op.
 
 Usage: python benchmarks/profile_train_step.py [--dataset mnist] [--devices N] [--steps 100]
-       [--profile-steps 30] [--top 25] [--out FILE.json] [--hlo FILE.txt]
+       [--profile-steps 30] [--top 25] [--unfused] [--out FILE.json] [--hlo FILE.txt]
 
 Builds the training step of ``cwsa-jax train`` (the dataset's default configuration, local data
 from ``CWSA_JAX_DATA_DIR``), data parallel over ``--devices`` CPU devices (default: one per core,
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from cwsa_jax.training import data as data_lib
-from cwsa_jax.training import train
+from cwsa_jax.training import models, train
 from cwsa_jax.training.configs import get_config
 
 # Trace events that are not XLA ops (host-side wrappers, whole executions, waits).
@@ -56,11 +56,15 @@ def main() -> None:
   p.add_argument("--steps", type=int, default=100)
   p.add_argument("--profile-steps", type=int, default=30)
   p.add_argument("--top", type=int, default=25)
+  p.add_argument("--unfused", action="store_true",
+                 help="each block's last batch norm, ReLU and pooling as three ops instead of "
+                 "models.norm_relu_max_pool (to time the fused op against them)")
   p.add_argument("--out")
   p.add_argument("--hlo", help="also write the compiled step's HLO text here (to look up the "
                  "fusions the profile names)")
   args = p.parse_args()
   config = get_config(args.dataset)
+  models.FUSED_NORM_RELU_POOL = not args.unfused
   train.reuse_host_memory()
   devices = train.request_cpu_devices(args.devices, config.batch_size)
   import jax  # noqa: PLC0415 (after the CPU device count is set)
@@ -100,7 +104,7 @@ def main() -> None:
     ops, waits = op_times(json.load(gzip.open(path)), args.profile_steps)
   top = sorted(ops.items(), key=lambda kv: -kv[1])[:args.top]
   payload = {
-      "dataset": args.dataset,
+      "dataset": args.dataset, "fused_norm_relu_pool": not args.unfused,
       "devices": mesh.size, "batch_size": config.batch_size, "steps": args.steps,
       "load_average_before": load,
       "steps_per_s": round(args.steps / wall, 3),

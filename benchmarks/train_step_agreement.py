@@ -68,7 +68,6 @@ def main() -> None:
     return losses, params
 
   runs = {"unfused_1": run(1, False), "unfused_2": run(2, False), "fused_2": run(2, True)}
-  models.FUSED_NORM_RELU_POOL = True
 
   def distance(a: str, b: str, s: int) -> float:
     x, y = runs[a][1][s], runs[b][1][s]

@@ -214,9 +214,14 @@ def test_jitted_train_step_decreases_loss(built, name, loss_name):
   assert bool(jnp.all(jnp.isfinite(_apply(model, x))))
 
 
+def _float64_norm_relu(x, mean, var, scale, bias, eps):
+  """relu(batch norm) in float64, from its definition."""
+  return np.maximum((x - mean) * (scale / np.sqrt(var + eps)) + bias, 0.0)
+
+
 def _float64_norm_relu_pool(x, mean, var, scale, bias, eps):
-  """max_pool_2x2(relu(batch norm)) in float64, from its definition."""
-  y = np.maximum((x - mean) * (scale / np.sqrt(var + eps)) + bias, 0.0)
+  """max_pool_2x2(relu(batch norm)) in float64."""
+  y = _float64_norm_relu(x, mean, var, scale, bias, eps)
   n, h, w, c = y.shape
   return y[:, :h // 2 * 2, :w // 2 * 2].reshape(n, h // 2, 2, w // 2, 2, c).max((2, 4))
 
@@ -225,7 +230,7 @@ def _float64_norm_relu_pool_input_gradient(x, mean, var, scale, bias, eps, g):
   """d/dx of sum(g * output) by jnp.max's convention: entries tied at a window's maximum share
   its gradient equally (ReLU's gradient is 0 at 0)."""
   mul = scale / np.sqrt(var + eps)
-  y = np.maximum((x - mean) * mul + bias, 0.0)
+  y = _float64_norm_relu(x, mean, var, scale, bias, eps)
   n, h, w, c = y.shape
   dx = np.zeros_like(y)
   for b, i, j, k in np.ndindex(n, h // 2, w // 2, c):
