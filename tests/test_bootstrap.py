@@ -805,3 +805,31 @@ def test_bootstrap_evaluation_sweep_equals_bootstrap_sweep(n):
     bootstrap_evaluation(c, ok.astype(np.float32) * 0.5, GRID, key=KEY)
   with pytest.raises(ValueError, match="resampling"):
     bootstrap_evaluation(c, ok, GRID, key=KEY, resampling="bayesian")
+
+
+def test_a_repeated_call_lowers_no_program():
+  """The host steps around the jitted blocks (checks, threshold order) are cached too: the
+  same call again lowers nothing (an eager ``lax.cond`` of local branches once retraced and
+  compiled on every call)."""
+  from cwsa_jax._bootstrap import StreamedEvaluationBootstrap, bootstrap_evaluation
+  c, ok = data(seed=12)
+  calls = [lambda: bootstrap_evaluation(c, ok, GRID, key=KEY, num_resamples=B),
+           lambda: bootstrap_ci(aurc, c, ok, key=KEY, num_resamples=B),
+           lambda: bootstrap_sweep(c, ok, GRID, key=KEY, num_resamples=B),
+           lambda: paired_bootstrap(ece, c, ok, c[::-1].copy(), ok, key=KEY, num_resamples=B),
+           lambda: StreamedEvaluationBootstrap(GRID, key=KEY, num_resamples=B)]
+  lowered = []
+
+  def listener(event, duration, **kwargs):
+    if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+      lowered.append(event)
+
+  for call in calls:
+    jax.block_until_ready(jax.tree.leaves(call()) or 0)
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    for call in calls:
+      jax.block_until_ready(jax.tree.leaves(call()) or 0)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert not lowered
