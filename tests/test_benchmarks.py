@@ -389,3 +389,28 @@ def test_accelerator_times_the_fused_counts_beside_small_sweeps():
   assert "error" not in row, row
   assert set(row["times"]) == {"kit", "fused_compare_counts"}
   assert row["ratio_kit_over_fused_counts"] > 0
+
+
+def test_suite_compile_time_records_and_sums_the_workers(tmp_path, monkeypatch, capsys):
+  import suite_compile_time as sct  # noqa: PLC0415 (benchmarks/ is on the path above)
+  monkeypatch.setattr(sct, "_EVENTS", sct.collections.defaultdict(lambda: [0.0, 0]))
+  monkeypatch.setenv(sct._ENV, str(tmp_path / "stats"))
+  monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+  sct._listener(sct.COMPILING[2], 1.5)
+  sct._listener(sct.COMPILING[2], 0.5)
+  sct.pytest_sessionfinish(None, 0)
+  (path,) = (tmp_path / "stats").iterdir()
+  record = json.loads(path.read_text())
+  assert record["worker"] == "gw0" and record["cpu_s"] > 0
+  assert record["events"][sct.COMPILING[2]] == {"seconds": 2.0, "count": 2}
+  path.write_text(json.dumps(dict(record, cpu_s=8.0)))  # a file of that name is left alone
+  sct.pytest_sessionfinish(None, 0)
+  assert json.loads(path.read_text())["cpu_s"] == 8.0
+  # The controller's CPU (its children are the workers) is not added to the workers'.
+  (tmp_path / "stats" / "1.json").write_text(json.dumps(
+      {"worker": None, "cpu_s": 100.0, "children_cpu_s": 50.0, "events": {}}))
+  assert sct.main([str(tmp_path / "stats")]) == 0
+  summary = json.loads(capsys.readouterr().out)
+  assert summary["processes"] == 1 and summary["cpu_s"] == 8.0
+  assert summary["compiling_s"] == 2.0 and summary["compiling_share"] == 0.25
+  assert sct.main([str(tmp_path / "empty")]) == 2
