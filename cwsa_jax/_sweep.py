@@ -157,7 +157,7 @@ def sorted_thresholds(thresholds: jax.Array) -> tuple[jax.Array, jax.Array]:
   never depends on how NaN converts to an integer. An ascending grid (the
   usual case) skips the sort.
 
-  Jitted: the evaluation bootstraps call it on concrete thresholds, where an
+  Jitted: the bootstraps call it on concrete thresholds, where an
   eager ``lax.cond`` of these local branches traced and compiled again on every
   call (56 ms each on the 2-core Intel host).
   """
