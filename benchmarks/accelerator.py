@@ -216,7 +216,15 @@ def main(argv=None) -> int:
   parser.add_argument("--rtol", type=float, default=1e-6)
   parser.add_argument("--atol", type=float, default=1e-7)
   parser.add_argument("--out", default=None, help=f"JSON file (default {DEFAULT_OUT}; none with --quick)")
+  parser.add_argument("--launch", default=None,
+                      help="a gpu_choices.py JSON: the dense kernel's launches it found fastest "
+                           "replace _dense.LAUNCH's (recorded in settings)")
   args = parser.parse_args(argv)
+  from cwsa_jax import _dense  # noqa: PLC0415
+  if args.launch:
+    with open(args.launch) as f:
+      for height, launch in json.load(f).get("launch", {}).items():
+        _dense.LAUNCH[int(height)] = tuple(launch)
   start_all = time.perf_counter()
   device = jax.devices()[0]
   if device.platform == "cpu" and not args.quick:
@@ -249,7 +257,9 @@ def main(argv=None) -> int:
                    "bootstrap": {"n": boot_n, "num_resamples": boot_b, "check_resamples": boot_check},
                    "models": {"count": bench.NUM_MODELS, "n_per_model": models_n},
                    "data": "c ~ U(0.3, 1) float32, correct with probability c (seed 0)",
-                   "timing": "interleaved rounds, min and median; compilation excluded"},
+                   "timing": "interleaved rounds, min and median; compilation excluded",
+                   "dense_launch": {str(k): list(v) for k, v in _dense.LAUNCH.items()},
+                   "launch_from": args.launch},
       "load_average_before": load_average(),
       "read_floor": [],
       "rows": [],

@@ -49,23 +49,27 @@ import accelerator  # noqa: E402
 from _common import environment, interleaved_times, summarize, write_json_atomic  # noqa: E402
 
 import cwsa_jax as cj  # noqa: E402
-from cwsa_jax import _calibration, _dense, _sweep  # noqa: E402
+from cwsa_jax import _calibration, _dense, _group_areas, _sweep  # noqa: E402
 
-# (operand form, samples per block): None is the library's default block, "other" the
-# other of 128 and 256.
-CONFIGS = tuple((form, block) for form in _dense.FORMS for block in (None, "other"))
-QUICK_CONFIGS = (("rows", None), ("samples", None), ("bits", None))
+# Launches of the dense kernel tried per case: (operand form, samples per step, warps,
+# pipeline stages); the library's (``_dense.LAUNCH``) is always tried first.
+CONFIGS = tuple((form, block, warps, 2) for form in ("bits", "rowsk", "int8", "int8k")
+                for block, warps in ((256, 4), (512, 4), (512, 8), (1024, 8))) + (
+                    ("bits", 512, 8, 3), ("int8", 512, 8, 3), ("int8", 2048, 8, 2))
+QUICK_CONFIGS = (("rows", 128, 4, 2), ("samples", 128, 4, 2), ("rowsk", 256, 8, 2),
+                 ("int8k", 256, 4, 2))
 
 
 def cases():
   grid = lambda t: np.sort(np.asarray(t, np.float32))  # noqa: E731
   return {
-      "sweep_T10": dict(rows=grid(np.arange(10) / 20 + 0.5), unit=True,
-                        public=lambda t: lambda c, k: cj.sweep(c, k, t)),
-      "sweep_T50": dict(rows=grid(cj.default_thresholds()), unit=True,
+      "sweep_T10": dict(rows=grid(np.arange(10) / 20 + 0.5), unit=True, grid=True,
                         public=lambda t: lambda c, k: cj.sweep(c, k, t)),
       "ece_15_bins": dict(rows=np.asarray(_calibration.width_edges(15))[1:-1], unit=False,
+                          grid=False, also=[("int8", 512, 8, 2), ("int8k", 512, 8, 2)],
                           public=lambda t: lambda c, k: cj.ece(c, k)),
+      "sweep_T50": dict(rows=grid(cj.default_thresholds()), unit=True, grid=True,
+                        public=lambda t: lambda c, k: cj.sweep(c, k, t)),
   }
 
 
@@ -81,13 +85,17 @@ def compiled(fn, module, switch: str, value: bool, *args):
     jax.clear_caches()
 
 
-def switched(fn, module, switch: str, *args):
-  """``fn`` compiled with ``module.switch`` True and False, and whether their results are equal."""
+def switched(fn, module, switch: str, *args, differences=None):
+  """``fn`` compiled with ``module.switch`` True and False, and whether their results are equal
+  (their largest relative difference goes into ``differences``, a list, where given)."""
   on = compiled(fn, module, switch, True, *args)
   off = compiled(fn, module, switch, False, *args)
-  equal = all(np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
-              for x, y in zip(jax.tree.leaves(on(*args)), jax.tree.leaves(off(*args))))
-  return on, off, equal
+  pairs = [(np.asarray(x, np.float64), np.asarray(y, np.float64))
+           for x, y in zip(jax.tree.leaves(on(*args)), jax.tree.leaves(off(*args)))]
+  if differences is not None:
+    differences.append(max((float(np.nanmax(np.abs(x - y) / np.maximum(np.abs(y), 1e-30)))
+                             if x.size else 0.0) for x, y in pairs))
+  return on, off, all(np.array_equal(x, y, equal_nan=True) for x, y in pairs)
 
 
 def report(name: str, label: str, s: dict, note="") -> None:
@@ -127,7 +135,7 @@ def models_case(repeats, spec, payload, quick) -> None:
         file=sys.stderr)
 
 
-def switch_cases(c, ok, repeats, nbytes, spec, payload) -> None:
+def switch_cases(c, ok, repeats, nbytes, spec, payload, only=None) -> None:
   """Module switches on and off, each beside one ``lax.sort`` of the packed keys: the sweep at
   T = 1000 by one sort (``_sorted_sums``), the equal-mass ECE's edges by one sort
   (``_sort.order_statistics``), and the AURC scan's group starts by running maxima."""
@@ -135,18 +143,23 @@ def switch_cases(c, ok, repeats, nbytes, spec, payload) -> None:
   t = jnp.asarray(accelerator.bench.thresholds(1000))
   sort_fn = accelerator.packed_sort()
   sorts, scans = ("public_sort_on", "public_sort_off"), ("running_max", "scatter_gather")
+  tiles = ("group_tiles", "xla_scans")
   for name, fn, module, switch, labels in (
       ("sweep_T1000", lambda c, k: cj.sweep(c, k, t), _sorted_sums, "ENABLED", sorts),
       ("ece_mass", lambda c, k: cj.ece(c, k, binning="mass"), _sort, "SELECT_BY_SORT_ON_GPU",
        sorts),
-      ("aurc_step", cj.aurc, _risk_coverage, "STARTS_BY_RUNNING_MAX", scans),
-      ("aurc_trapezoid", lambda c, k: cj.aurc(c, k, convention="trapezoid"), _risk_coverage,
-       "STARTS_BY_RUNNING_MAX", scans),
+      ("aurc_step", cj.aurc, _group_areas, "ENABLED", tiles),
+      ("aurc_trapezoid", lambda c, k: cj.aurc(c, k, convention="trapezoid"), _group_areas,
+       "ENABLED", tiles),
       ("curve", cj.risk_coverage_curve, _risk_coverage, "STARTS_BY_RUNNING_MAX", scans)):
+    if only is not None and name not in only:
+      continue
     out = {"switch": f"{module.__name__}.{switch}"}
     payload["cases"][name] = out
     try:
-      on, off, out["equal"] = switched(fn, module, switch, c, ok)
+      differences = []
+      on, off, out["equal"] = switched(fn, module, switch, c, ok, differences=differences)
+      out["max_relative_difference"] = differences[0]
     except Exception as e:  # noqa: BLE001 - report and go on
       out["error"] = f"{type(e).__name__}: {str(e)[:400]}"
       print(f"{name}: ERROR {str(e)[:200]}", file=sys.stderr)
@@ -164,12 +177,20 @@ def main(argv=None) -> int:
   parser.add_argument("--repeats", type=int, default=10)
   parser.add_argument("--quick", action="store_true")
   parser.add_argument("--out", default=None)
+  parser.add_argument("--switches", default=None,
+                      help="comma-separated switch cases to run (default all: sweep_T1000, "
+                           "ece_mass, aurc_step, aurc_trapezoid, curve)")
+  parser.add_argument("--deadline-s", type=float, default=200.0,
+                      help="no further dense launch is tried after this many seconds")
   args = parser.parse_args(argv)
   start = time.perf_counter()
   n = 50_000 if args.quick else int(args.n)
   configs = QUICK_CONFIGS if args.quick else CONFIGS
+  deadline = start + args.deadline_s
+  launches = {}  # mask height -> the fastest exact launch (the first case of that height)
   if args.quick:
     _dense.INTERPRET = True
+    _group_areas.INTERPRET = True
   device = jax.devices()[0]
   kind = getattr(device, "device_kind", "")
   spec = accelerator.spec_bandwidth(kind)
@@ -192,12 +213,18 @@ def main(argv=None) -> int:
                                         given=False, dense=False))
     want = [np.asarray(x) for x in scatter(c, ok, rows)]
     fns = {"read_floor": lambda: floor_fn(c, ok), "scatter_sums": lambda: scatter(c, ok, rows)}
-    default_block = 128 if _dense._num_rows(rows.shape[0] + 1) <= 32 else 256
-    for form, block in configs:
-      block = {None: None, "other": 384 - default_block}[block]
-      label = f"dense_{form}_b{block or 'auto'}"
+    height = _dense._num_rows(rows.shape[0] + 1)
+    library = tuple(_dense.LAUNCH[height])
+    tried = (library,) + tuple(x for x in (configs if case["grid"] else ())
+                               + tuple(case.get("also", ())) if tuple(x) != library)
+    labels = {}
+    for form, block, warps, stages in tried:
+      label = f"dense_{form}_b{block}_w{warps}_s{stages}"
+      if time.perf_counter() > deadline:
+        out["configs"][label] = {"skipped": "deadline"}
+        continue
       fn = jax.jit(functools.partial(_dense.bucket_sums, unit=case["unit"], block=block,
-                                     form=form))
+                                     form=form, num_warps=warps, num_stages=stages))
       try:
         got = [np.asarray(x) for x in fn(c, ok, rows)]
       except Exception as e:  # noqa: BLE001 - report and go on
@@ -208,6 +235,15 @@ def main(argv=None) -> int:
       out["configs"][label] = {"exact": exact}
       if exact:
         fns[label] = functools.partial(fn, c, ok, rows)
+        labels[label] = [form, block, warps, stages]
+    # The fastest exact launch, timed on its own first; the public functions then use it.
+    kernel_times = timed({k: fns[k] for k in labels}, args.repeats, nbytes, spec) if labels else {}
+    if kernel_times:
+      best = min(kernel_times, key=lambda k: kernel_times[k]["min_s"])
+      out["fastest_launch"] = labels[best]
+      launches.setdefault(height, labels[best])
+      _dense.LAUNCH[height] = tuple(launches[height])
+    out["public_launch"] = list(_dense.LAUNCH[height])
     public = case["public"](rows if name.startswith("sweep") else None)
     try:
       on, off, out["public_equal"] = switched(public, _dense, "ENABLED", c, ok)
@@ -216,15 +252,19 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001
       out["public_error"] = f"{type(e).__name__}: {str(e)[:400]}"
       print(f"{name} public: ERROR {str(e)[:200]}", file=sys.stderr)
-    out["times"] = timed(fns, args.repeats, nbytes, spec)
+    out["times"] = {**kernel_times,
+                    **timed({k: f for k, f in fns.items() if k not in labels}, args.repeats,
+                            nbytes, spec)}
     for label, s in out["times"].items():
       report(name, label, s, out["configs"].get(label, {}).get("exact", ""))
     print(f"{name}: public results equal with the kernel on and off: {out.get('public_equal')}",
           file=sys.stderr)
     if args.out:
       write_json_atomic(args.out, payload)
+  payload["launch"] = {str(k): v for k, v in launches.items()}
   models_case(args.repeats, spec, payload, args.quick)
-  switch_cases(c, ok, args.repeats, nbytes, spec, payload)
+  switch_cases(c, ok, args.repeats, nbytes, spec, payload,
+               None if args.switches is None else args.switches.split(","))
   payload["elapsed_s"] = time.perf_counter() - start
   if args.out:
     write_json_atomic(args.out, payload)

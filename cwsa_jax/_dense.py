@@ -48,7 +48,6 @@ _WIDTH = 16
 _USED = 10
 # Most samples per program: its sums stay below 192 * 2^16 < 2^24, exact in float32.
 _PER_PROGRAM = 1 << 16
-_NUM_WARPS = 4
 # The tests set this to run the kernel through Pallas' interpreter on the CPU.
 INTERPRET = False
 # Off: every platform keeps the scatter path (a benchmark's A/B switch).
@@ -87,23 +86,52 @@ _MASKS = (1, 127, 63, 63, 63) * 2 + (0,) * (_WIDTH - _USED)
 #   "samples": mask [block, R] contracted over samples with the digits (a transposed operand);
 #   "bits":    as "rows", but each digit d written as the bfloat16 bit pattern of 128 + d
 #              (no conversion instructions); the count column holds 128 and is the offset
-#              taken off the others.
-FORMS = ("rows", "samples", "bits")
-FORM = "bits"
+#              taken off the others;
+#   "rowsk":   as "bits", with correctness on the mask side: two products, mask @ digits and
+#              (mask and correct) @ digits, of 8 digit columns (the count and the 4 digits of
+#              u) instead of one of 16;
+#   "int8":    as "rows" in int8 with int32 accumulation (half the operand bytes, and exact
+#              sums of any length);
+#   "int8k":   as "rowsk" in int8 with int32 accumulation.
+FORMS = ("rows", "samples", "bits", "rowsk", "int8", "int8k")
+_BITS_FORMS = ("bits", "rowsk")  # digits as bfloat16 bit patterns, offset 128
+_INT8_FORMS = ("int8", "int8k")
+_SPLIT_FORMS = ("rowsk", "int8k")  # correctness on the mask side: two products of 8 columns
+# The launch per mask height R (16, 32 or 64 rows): (form, samples per step, warps, software
+# pipeline stages), as measured fastest by benchmarks/gpu_choices.py (which also tries others).
+LAUNCH = {16: ("bits", 128, 4, 2), 32: ("bits", 128, 4, 2), 64: ("bits", 256, 4, 2)}
+# Overrides LAUNCH's form when set (the tests run every form).
+FORM = None
 
 
 def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, form):
   from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU module, on use)
   first = pl.program_id(1) * (block * steps)
   rows = rows_ref[...]
-  lane = lax.broadcasted_iota(jnp.int32, (1, _WIDTH), 1)
-  shifts = jnp.zeros((1, _WIDTH), jnp.int32)
-  masks = jnp.zeros((1, _WIDTH), jnp.int32)
-  for j in range(_USED):
+  split = form in _SPLIT_FORMS
+  width, used = (_WIDTH // 2, _USED // 2) if split else (_WIDTH, _USED)
+  lane = lax.broadcasted_iota(jnp.int32, (1, width), 1)
+  shifts = jnp.zeros((1, width), jnp.int32)
+  masks = jnp.zeros((1, width), jnp.int32)
+  for j in range(used):
     shifts = jnp.where(lane == j, _SHIFTS[j], shifts)
-    masks = jnp.where(lane == j, 0 if form == "bits" and j == 0 else _MASKS[j], masks)
+    masks = jnp.where(lane == j, 0 if form in _BITS_FORMS and j == 0 else _MASKS[j], masks)
   times_correct = lane >= _USED // 2
-  one, zero = jnp.ones((), jnp.bfloat16), jnp.zeros((), jnp.bfloat16)
+  if form in _INT8_FORMS:
+    operand, acc_type = jnp.int8, jnp.int32
+  else:
+    operand, acc_type = jnp.bfloat16, jnp.float32
+  one, zero = jnp.ones((), operand), jnp.zeros((), operand)
+
+  def as_operand(digits):
+    if form in _BITS_FORMS:
+      return lax.bitcast_convert_type((digits | 0x4300).astype(jnp.int16), jnp.bfloat16)
+    if form in _INT8_FORMS:
+      return digits.astype(jnp.int8)
+    return digits.astype(jnp.float32).astype(jnp.bfloat16)
+
+  def product(mask, digits):
+    return jnp.dot(jnp.where(mask, one, zero), digits, preferred_element_type=acc_type)
 
   def body(i, acc):
     start = i * block
@@ -116,21 +144,26 @@ def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, form):
     compared = jnp.where(valid, c, jnp.nan)
     clipped = jnp.minimum(jnp.maximum(c, 0.0), 1.0)
     w = ((1.0 - clipped) * 16777216.0).astype(jnp.int32) | (1 << 25)
+    if split:
+      digits = as_operand(lax.shift_right_logical(w[:, None], shifts) & masks)
+      above = rows[:, None] <= compared[None, :]  # [R, block]
+      return acc[0] + product(above, digits), acc[1] + product(above & k[None, :], digits)
     source = jnp.where(times_correct, jnp.where(k, w, 0)[:, None], w[:, None])
-    digits = lax.shift_right_logical(source, shifts) & masks
-    if form == "bits":
-      digits = lax.bitcast_convert_type((digits | 0x4300).astype(jnp.int16), jnp.bfloat16)
-    else:
-      digits = digits.astype(jnp.float32).astype(jnp.bfloat16)
+    digits = as_operand(lax.shift_right_logical(source, shifts) & masks)
     if form == "samples":
       mask = jnp.where(compared[:, None] >= rows[None, :], one, zero)  # [block, R]
       return acc + lax.dot_general(mask, digits, (((0,), (0,)), ((), ())),
-                                   preferred_element_type=jnp.float32)
-    mask = jnp.where(rows[:, None] <= compared[None, :], one, zero)  # [R, block]
-    return acc + jnp.dot(mask, digits, preferred_element_type=jnp.float32)
+                                   preferred_element_type=acc_type)
+    return acc + product(rows[:, None] <= compared[None, :], digits)  # [R, block] @ digits
 
-  acc = lax.fori_loop(0, steps, body, jnp.zeros((rows.shape[0], _WIDTH), jnp.float32))
-  out_ref[...] = acc.astype(jnp.int32)
+  if split:
+    half = jnp.zeros((rows.shape[0], width), acc_type)
+    every, right = lax.fori_loop(0, steps, body, (half, half))
+    out_ref[:, pl.ds(0, width)] = every.astype(jnp.int32)
+    out_ref[:, pl.ds(width, width)] = right.astype(jnp.int32)
+  else:
+    acc = lax.fori_loop(0, steps, body, jnp.zeros((rows.shape[0], width), acc_type))
+    out_ref[...] = acc.astype(jnp.int32)
 
 
 # Programs to aim for: a few per streaming multiprocessor of a large GPU.
@@ -146,7 +179,8 @@ def _output_like(like: jax.Array, shape: tuple[int, ...]) -> jax.ShapeDtypeStruc
 
 def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, unit: bool,
              block: int | None = None, per_program: int | None = None,
-             num_warps: int = _NUM_WARPS, form: str | None = None) -> jax.Array:
+             num_warps: int | None = None, num_stages: int | None = None,
+             form: str | None = None) -> jax.Array:
   """int32 [S, programs, R, 16]: per program, the sums ``G`` of each row over its samples.
 
   ``confidences`` and ``correct`` are [S, n] (S rows of samples, each summed
@@ -162,7 +196,8 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, uni
   from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU module, on use)
   num_samples, n = confidences.shape
   num_rows = rows.shape[0]
-  block = block or (128 if num_rows <= 32 else 256)
+  launch = LAUNCH[num_rows]
+  block = block or launch[1]
   if per_program is None:
     wanted = -(-_TARGET_PROGRAMS // num_samples)
     per_program = min(_PER_PROGRAM, max(block, 1 << max(0, (n // wanted).bit_length() - 1)))
@@ -171,7 +206,7 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, uni
   block = min(block, per_program)
   steps = per_program // block
   num_programs = pl.cdiv(n, per_program)
-  form = form or FORM
+  form = form or FORM or launch[0]
   kernel = functools.partial(_kernel, n=n, block=block, steps=steps, unit=unit, form=form)
   sums = pl.pallas_call(
       kernel,
@@ -181,10 +216,20 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, uni
                 pl.BlockSpec((None, per_program), lambda s, p: (s, p)),
                 pl.BlockSpec((None, per_program), lambda s, p: (s, p))],
       out_specs=pl.BlockSpec((None, None, num_rows, _WIDTH), lambda s, p: (s, p, 0, 0)),
-      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=2),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps or launch[2],
+                                           num_stages=num_stages or launch[3]),
       interpret=INTERPRET,
       name="cwsa_dense_row_sums",
   )(rows, confidences.astype(jnp.float32), correct)
+  half = _WIDTH // 2
+  if form == "rowsk":  # [all samples | correct ones], each: 128 per sample + the digits
+    offset, offset_right = sums[..., :1], sums[..., half:half + 1]
+    return jnp.concatenate([offset >> 7, sums[..., 1:_USED // 2] - offset,
+                            offset_right >> 7, sums[..., half + 1:half + _USED // 2] - offset_right,
+                            jnp.zeros_like(sums[..., _USED:])], axis=-1)
+  if form == "int8k":  # [all samples | correct ones]
+    return jnp.concatenate([sums[..., :_USED // 2], sums[..., half:half + _USED // 2],
+                            jnp.zeros_like(sums[..., _USED:])], axis=-1)
   if form == "bits":  # every column holds 128 per sample on top of its digits
     offset = sums[..., :1]
     return jnp.concatenate([offset >> 7, sums[..., 1:] - offset], axis=-1)

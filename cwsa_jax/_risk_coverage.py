@@ -69,6 +69,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from cwsa_jax import _group_areas
 from cwsa_jax import _sort
 from cwsa_jax import _validation
 
@@ -449,11 +450,26 @@ def _summary_kernel(c, correct, *, convention, sequential, with_eaurc):
   return RiskCoverageSummary(aurc_value, augrc_value, eaurc_value)
 
 
-def _per_backend(kernel, *args, **options):
-  """``kernel(*args, sequential=...)``: the sequential form on CPU, the parallel one elsewhere."""
-  return lax.platform_dependent(
+def _per_backend(kernel, *args, cuda=None, **options):
+  """``kernel(*args, sequential=...)``: the sequential form on CPU, the parallel one elsewhere
+  (or ``cuda(*args)`` on CUDA GPUs, where given)."""
+  return _by_platform(
       *args, cpu=functools.partial(kernel, sequential=True, **options),
-      default=functools.partial(kernel, sequential=False, **options))
+      default=functools.partial(kernel, sequential=False, **options),
+      **({} if cuda is None else {"cuda": cuda}))
+
+
+# Picks the form when the computation is lowered (tests call the CUDA form on the CPU).
+_by_platform = lax.platform_dependent
+
+
+def _areas_by_tiles(c, correct, *, convention):
+  """(AURC, AUGRC) of boolean outcomes on CUDA GPUs: the sort, then ``_group_areas``' kernel."""
+  n = c.shape[0]
+  keys, errors = _sorted_outcomes(c, correct, keep_input_order=False, length=n + 1)
+  aurc_sum, augrc_sum = _group_areas.area_sums(_group_areas.flags(keys, errors, n),
+                                               convention=convention)
+  return aurc_sum / n, augrc_sum / n / n
 
 
 @functools.partial(jax.jit, static_argnames=("convention",))
@@ -463,7 +479,12 @@ def _summary_impl(c, correct, *, convention):
 
 @functools.partial(jax.jit, static_argnames=("convention",))
 def _aurc_impl(c, correct, *, convention):
-  s = _per_backend(_summary_kernel, c, correct, convention=convention, with_eaurc=False)
+  cuda = None
+  if (_group_areas.ENABLED and correct.dtype == jnp.bool_ and c.shape[0] >= 1
+      and convention in _group_areas.CONVENTIONS):
+    cuda = lambda c, k: RiskCoverageSummary(  # noqa: E731
+        *_areas_by_tiles(c, k, convention=convention), jnp.float32(jnp.nan))
+  s = _per_backend(_summary_kernel, c, correct, cuda=cuda, convention=convention, with_eaurc=False)
   return s.aurc, s.augrc
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import cwsa_jax as cj
+import reference
 from cwsa_jax import _exact
 from cwsa_jax import _sweep
 
@@ -149,7 +150,8 @@ def test_dense_gpu_form_equals_cpu_form(name, monkeypatch):
   from cwsa_jax import _dense
   # every way of building the operands (_dense.FORMS) on some of the kernels
   form = {"ece_mass": "samples", "sweep_vmapped_rows": "samples", "calibration_bins_63": "bits",
-          "sweep_default_grid": "bits", "sweep_unsorted_nan_threshold": "bits"}.get(name, "rows")
+          "sweep_default_grid": "rowsk", "sweep_unsorted_nan_threshold": "int8k"}.get(
+              name, "int8" if "ece" in name else "rows")
   monkeypatch.setattr(_dense, "FORM", form)
   monkeypatch.setattr(_dense, "INTERPRET", True)
   calls = _cuda_form_results(_dense, _dense_kernels()[name], monkeypatch)
@@ -166,7 +168,7 @@ def test_dense_bucket_sums_equal_scatter_sums_on_random_draws(monkeypatch):
   scatter = jax.jit(functools.partial(_sweep._bucket_sums_impl, num_groups=None, masked=False,
                                       given=False, drop_invalid=True, dense=False))
   rng = np.random.default_rng(5)
-  for draw in range(8):
+  for draw in range(2 * len(_dense.FORMS)):
     rows, n, num_t = int(rng.choice([1, 3])), int(rng.integers(1, 3000)), int(rng.integers(1, 64))
     c = np.round(rng.random((rows, n)), int(rng.integers(1, 4))).astype(np.float32)
     c.flat[rng.integers(0, c.size, 3)] = rng.choice([0.0, 1.0], 3)
@@ -176,7 +178,7 @@ def test_dense_bucket_sums_equal_scatter_sums_on_random_draws(monkeypatch):
     if draw % 2:  # left out on both paths (-0.0 kept)
       c.flat[rng.integers(0, c.size, 4)] = rng.choice(INVALID_OR_EDGE, 4)
     dense = _dense.bucket_sums(jnp.asarray(c), jnp.asarray(ok), jnp.asarray(t), unit=True,
-                               form=_dense.FORMS[draw % 3], block=128,
+                               form=_dense.FORMS[draw % len(_dense.FORMS)], block=128,
                                per_program=int(rng.choice([128, 512, 1 << 16])))
     want = scatter(jnp.asarray(c), jnp.asarray(ok), jnp.asarray(t))
     for a, b in zip(dense, want):
@@ -238,3 +240,79 @@ def test_mass_binned_ece_cuda_form_equals_cpu_form(monkeypatch):
   kernel = lambda: (cj.ece(C, OK, binning="mass"),  # noqa: E731
                     cj.calibration_bins(C, KAPPA, binning="mass", num_bins=20))
   assert _cuda_form_results(_sort, kernel, monkeypatch, attr="_select_by_platform")
+
+
+def _tile_case(rng, n, kind):
+  """Confidences with the tie structures that cross the tiles and rows of ``_group_areas``."""
+  if kind == "coarse":  # long tie groups, spanning rows and tiles
+    c = np.round(rng.random(n), 1)
+  elif kind == "saturated":  # a third at exactly 1.0, the rest with some ties
+    c = np.round(rng.random(n), 3)
+    c[: n // 3] = 1.0
+  elif kind == "distinct":
+    c = rng.permutation(n) / max(n, 1)
+  else:  # "one": every confidence equal
+    c = np.full(n, 0.5)
+  c = c.astype(np.float32)
+  return c, rng.random(n) < np.clip(c, 0.05, 0.95)
+
+
+@pytest.mark.parametrize("convention", ["step", "trapezoid"])
+def test_group_areas_equal_reference_across_tiles(convention, monkeypatch):
+  """``_group_areas``' kernel (interpreted) after the sort: the float64 reference's AURC and
+  AUGRC, and the CPU scan's, at sizes around its rows (32) and tiles (2048), with tie groups
+  inside rows, across rows and across tiles, every sample tied, and all correct or all wrong."""
+  import functools
+  from cwsa_jax import _group_areas
+  from cwsa_jax import _risk_coverage as rc
+  monkeypatch.setattr(_group_areas, "INTERPRET", True)
+  tiles = jax.jit(functools.partial(rc._areas_by_tiles, convention=convention))
+  scan = jax.jit(functools.partial(rc._summary_kernel, convention=convention, with_eaurc=False,
+                                   sequential=True))
+  rng = np.random.default_rng(17)
+  cases = [(n, kind) for n in (1, 2, 31, 33, 2047, 2049, 6000)
+           for kind in ("coarse", "saturated", "distinct", "one")]
+  for n, kind in cases:
+    c, ok = _tile_case(rng, n, kind)
+    if n == 2049:
+      ok = np.ones(n, bool) if kind == "coarse" else (np.zeros(n, bool) if kind == "one" else ok)
+    got = [float(x) for x in tiles(jnp.asarray(c), jnp.asarray(ok))]
+    want = [reference.aurc(c, ok, convention), reference.aurc(c, ok, convention, generalized=True)]
+    cpu = scan(c, ok)
+    for g, w, x in zip(got, want, (cpu.aurc, cpu.augrc)):
+      assert g == pytest.approx(w, rel=2e-6, abs=1e-9), (n, kind)
+      assert g == pytest.approx(float(x), rel=2e-6, abs=1e-9), (n, kind)
+
+
+def test_aurc_cuda_form_equals_cpu_form(monkeypatch):
+  """The public AURC and AUGRC with the CUDA form (sort, then ``_group_areas``) forced, batched
+  rows included: the CPU form's values to float32 rounding; graded correctness and the
+  "published_code" convention keep the parallel scan."""
+  from cwsa_jax import _group_areas
+  from cwsa_jax import _risk_coverage as rc
+  monkeypatch.setattr(_group_areas, "INTERPRET", True)
+  c2 = C[:6000].reshape(2, -1)
+  ok2 = OK[:6000].reshape(2, -1)
+
+  def kernels():
+    return [cj.aurc(C, OK), cj.augrc(C, OK, convention="trapezoid"), cj.aurc(c2, ok2),
+            jax.vmap(lambda c, k: cj.aurc(c, k, convention="trapezoid"))(c2, ok2),
+            cj.aurc(C, KAPPA), cj.aurc(C, OK, convention="published_code")]
+
+  want = [np.asarray(x) for x in kernels()]
+  used = []
+
+  def cuda_form(*args, cpu, default, cuda=None):
+    del cpu
+    used.append(cuda is not None)
+    return (cuda or default)(*args)
+
+  monkeypatch.setattr(rc, "_by_platform", cuda_form)
+  jax.clear_caches()
+  try:
+    got = [np.asarray(x) for x in kernels()]
+  finally:
+    jax.clear_caches()
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=2e-6, atol=1e-9)
+  assert used.count(True) == 4 and used.count(False) >= 2
