@@ -92,14 +92,20 @@ _MASKS = (1, 127, 63, 63, 63) * 2 + (0,) * (_WIDTH - _USED)
 #              u) instead of one of 16;
 #   "int8":    as "rows" in int8 with int32 accumulation (half the operand bytes, and exact
 #              sums of any length);
-#   "int8k":   as "rowsk" in int8 with int32 accumulation.
-FORMS = ("rows", "samples", "bits", "rowsk", "int8", "int8k")
+#   "int8k":   as "rowsk" in int8 with int32 accumulation;
+#   "lanes":   no product: per thread, float32 accumulators [R, block] of the mask times
+#              each column (count + 1024 correct, u >> 12, u & 4095 and the last two times
+#              correct; one fused multiply-add each), exact below 2^24 (at most 4096 steps),
+#              made int32 and summed over the threads once per program. R <= 32 only
+#              (5 R accumulators per sample a thread holds).
+FORMS = ("rows", "samples", "bits", "rowsk", "int8", "int8k", "lanes")
+LANES_MAX_ROWS = 32
 _BITS_FORMS = ("bits", "rowsk")  # digits as bfloat16 bit patterns, offset 128
 _INT8_FORMS = ("int8", "int8k")
 _SPLIT_FORMS = ("rowsk", "int8k")  # correctness on the mask side: two products of 8 columns
 # The launch per mask height R (16, 32 or 64 rows): (form, samples per step, warps, software
 # pipeline stages), as measured fastest by benchmarks/gpu_choices.py (which also tries others).
-LAUNCH = {16: ("bits", 128, 4, 2), 32: ("bits", 128, 4, 2), 64: ("bits", 256, 4, 2)}
+LAUNCH = {16: ("bits", 256, 4, 2), 32: ("bits", 256, 4, 2), 64: ("bits", 256, 4, 2)}
 # Overrides LAUNCH's form when set (the tests run every form).
 FORM = None
 
@@ -166,6 +172,38 @@ def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, form):
     out_ref[...] = acc.astype(jnp.int32)
 
 
+def _lanes_kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit):
+  from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU module, on use)
+  first = pl.program_id(1) * (block * steps)
+  rows = rows_ref[...]
+
+  def body(i, acc):
+    start = i * block
+    valid = first + start + lax.broadcasted_iota(jnp.int32, (block,), 0) < n
+    c = plgpu.load(c_ref.at[pl.ds(start, block)], mask=valid, other=0.0)
+    k = plgpu.load(k_ref.at[pl.ds(start, block)], mask=valid, other=False)
+    if unit:
+      valid = valid & (c >= 0.0) & (c <= 1.0)
+    compared = jnp.where(valid, c, jnp.nan)
+    u = ((1.0 - jnp.minimum(jnp.maximum(c, 0.0), 1.0)) * 16777216.0).astype(jnp.int32)
+    hi, lo = (u >> 12).astype(jnp.float32), (u & 4095).astype(jnp.float32)
+    right = jnp.where(k, 1.0, 0.0)
+    columns = (1.0 + 1024.0 * right, hi, lo, right * hi, right * lo)
+    above = jnp.where(rows[:, None] <= compared[None, :], 1.0, 0.0)  # [R, block]
+    return tuple(a + above * x[None, :] for a, x in zip(acc, columns))
+
+  zeros = jnp.zeros((rows.shape[0], block), jnp.float32)
+  counts, hi, lo, right_hi, right_lo = (
+      a.astype(jnp.int32) for a in lax.fori_loop(0, steps, body, (zeros,) * 5))
+  # Per thread at most `steps` < 1024 samples: count and correct count apart in one column.
+  columns = {0: counts & 1023, 2: hi, 4: lo, 5: counts >> 10, 7: right_hi, 9: right_lo}
+  lane = lax.broadcasted_iota(jnp.int32, (1, _WIDTH), 1)
+  out = jnp.zeros((rows.shape[0], _WIDTH), jnp.int32)
+  for j, x in columns.items():  # the layout of _kernel's digit columns (64 * 0 + sum)
+    out = jnp.where(lane == j, jnp.sum(x, axis=1)[:, None], out)
+  out_ref[...] = out
+
+
 # Programs to aim for: a few per streaming multiprocessor of a large GPU.
 _TARGET_PROGRAMS = 1024
 
@@ -207,7 +245,13 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, uni
   steps = per_program // block
   num_programs = pl.cdiv(n, per_program)
   form = form or FORM or launch[0]
-  kernel = functools.partial(_kernel, n=n, block=block, steps=steps, unit=unit, form=form)
+  if form == "lanes":
+    if num_rows > LANES_MAX_ROWS or steps > 1023:
+      raise ValueError(f"form 'lanes' takes at most {LANES_MAX_ROWS} rows and 1023 steps, got "
+                       f"{num_rows} and {steps}")
+    kernel = functools.partial(_lanes_kernel, n=n, block=block, steps=steps, unit=unit)
+  else:
+    kernel = functools.partial(_kernel, n=n, block=block, steps=steps, unit=unit, form=form)
   sums = pl.pallas_call(
       kernel,
       out_shape=_output_like(confidences, (num_samples, num_programs, num_rows, _WIDTH)),
