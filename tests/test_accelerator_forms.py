@@ -169,7 +169,9 @@ def test_dense_bucket_sums_equal_scatter_sums_on_random_draws(monkeypatch):
                                       given=False, drop_invalid=True, dense=False))
   rng = np.random.default_rng(5)
   for draw in range(2 * len(_dense.FORMS)):
-    rows, n, num_t = int(rng.choice([1, 3])), int(rng.integers(1, 3000)), int(rng.integers(1, 64))
+    form = _dense.FORMS[draw % len(_dense.FORMS)]
+    most = _dense.LANES_MAX_ROWS if form == "lanes" else _dense.MAX_BUCKETS
+    rows, n, num_t = int(rng.choice([1, 3])), int(rng.integers(1, 3000)), int(rng.integers(1, most))
     c = np.round(rng.random((rows, n)), int(rng.integers(1, 4))).astype(np.float32)
     c.flat[rng.integers(0, c.size, 3)] = rng.choice([0.0, 1.0], 3)
     t = np.sort(np.concatenate([rng.choice(c.ravel(), num_t // 2),
@@ -178,7 +180,7 @@ def test_dense_bucket_sums_equal_scatter_sums_on_random_draws(monkeypatch):
     if draw % 2:  # left out on both paths (-0.0 kept)
       c.flat[rng.integers(0, c.size, 4)] = rng.choice(INVALID_OR_EDGE, 4)
     dense = _dense.bucket_sums(jnp.asarray(c), jnp.asarray(ok), jnp.asarray(t), unit=True,
-                               form=_dense.FORMS[draw % len(_dense.FORMS)], block=128,
+                               form=form, block=128,
                                per_program=int(rng.choice([128, 512, 1 << 16])))
     want = scatter(jnp.asarray(c), jnp.asarray(ok), jnp.asarray(t))
     for a, b in zip(dense, want):
