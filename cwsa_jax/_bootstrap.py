@@ -1169,7 +1169,64 @@ def _area_carry_zero(shape=()) -> _AreaCarry:
 
 
 def _area_scan(m, correct, group_end, carry: _AreaCarry, convention: str) -> _AreaCarry:
-  """The area scan over multiplicities ``m`` [n] (sorted order), from ``carry``.
+  """The area scan over multiplicities ``m`` [n] (sorted order), from ``carry``: a sequential
+  loop on CPU (:func:`_area_loop`), prefix sums on accelerators (:func:`_area_prefix`), where
+  a loop of n steps runs one step per kernel launch."""
+  return _area_by_platform(m, correct, group_end, carry,
+                           cpu=functools.partial(_area_loop, convention=convention),
+                           default=functools.partial(_area_prefix, convention=convention))
+
+
+def _area_prefix(m, correct, group_end, carry: _AreaCarry, convention: str) -> _AreaCarry:
+  """:func:`_area_loop`'s carry by prefix sums: the same integers, the areas to float32 rounding.
+
+  K and E are prefix sums of m and m (1 - correct). Across group ends with no
+  multiplicity neither changes, so the last point before a group end p is the
+  previous group end p' (or the carry's, when none is in these samples):
+  ``K' = K_{p'}``, ``E' = E_{p'}``; p is a point when ``K_p > K'``.
+  """
+  step_rule = convention == "step"
+  mi = m.astype(jnp.int32)
+  k = carry.k + jnp.cumsum(mi)
+  e = carry.e + jnp.cumsum(jnp.where(correct, 0, mi))
+  position = lax.iota(jnp.int32, m.shape[0])
+  # The previous group end of every sample (-1: none here), independent of m.
+  latest = lax.cummax(jnp.where(group_end, position, -1))
+  previous = jnp.concatenate([jnp.full((1,), -1, jnp.int32), latest[:-1]])
+  here = previous >= 0
+  at = jnp.maximum(previous, 0)
+  k_last = jnp.where(here, k[at], carry.k_last)
+  e_last = jnp.where(here, e[at], carry.e_last)
+  point = group_end & (k > k_last)
+  width = (k - k_last).astype(jnp.float32)
+  kf, ef = k.astype(jnp.float32), e.astype(jnp.float32)
+  risk = ef / jnp.where(point, kf, 1.0)
+  if step_rule:
+    a, g = width * risk, width * ef
+  else:
+    r_last = jnp.where(here, e_last.astype(jnp.float32)
+                       / jnp.maximum(k_last, 1).astype(jnp.float32), carry.r_last)
+    earlier = jnp.where(k_last > 0, r_last, risk)
+    a, g = width * (risk + earlier) * 0.5, width * (ef + e_last.astype(jnp.float32)) * 0.5
+  zero = jnp.float32(0.0)
+  # K and E never decrease: the last point holds the largest of both.
+  any_point = jnp.any(point)
+  k_point = jnp.maximum(carry.k_last, jnp.max(jnp.where(point, k, 0)))
+  e_point = jnp.maximum(carry.e_last, jnp.max(jnp.where(point, e, 0)))
+  r_point = carry.r_last if step_rule else jnp.where(
+      any_point, e_point.astype(jnp.float32) / jnp.maximum(k_point, 1).astype(jnp.float32),
+      carry.r_last)
+  return _AreaCarry(k[-1], e[-1], k_point, e_point, r_point,
+                    carry.area + jnp.sum(jnp.where(point, a, zero)),
+                    carry.generalized + jnp.sum(jnp.where(point, g, zero)))
+
+
+# Picks the area scan's form when the computation is lowered (tests force the prefix form).
+_area_by_platform = lax.platform_dependent
+
+
+def _area_loop(m, correct, group_end, carry: _AreaCarry, convention: str) -> _AreaCarry:
+  """The area scan over multiplicities ``m`` [n] (sorted order), from ``carry``, sequentially.
 
   Carries K and E (count and errors so far) and the last point (K', E'); at a
   group end with K > K' the point (K/n, E/K) adds W E/K (step) or

@@ -105,7 +105,7 @@ _INT8_FORMS = ("int8", "int8k")
 _SPLIT_FORMS = ("rowsk", "int8k")  # correctness on the mask side: two products of 8 columns
 # The launch per mask height R (16, 32 or 64 rows): (form, samples per step, warps, software
 # pipeline stages), as measured fastest by benchmarks/gpu_choices.py (which also tries others).
-LAUNCH = {16: ("bits", 256, 4, 2), 32: ("bits", 256, 4, 2), 64: ("bits", 256, 4, 2)}
+LAUNCH = {16: ("lanes", 128, 4, 3), 32: ("bits", 256, 4, 2), 64: ("bits", 256, 4, 2)}
 # Overrides LAUNCH's form when set (the tests run every form).
 FORM = None
 

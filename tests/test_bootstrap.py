@@ -833,3 +833,59 @@ def test_a_repeated_call_lowers_no_program():
   finally:
     jax.monitoring.unregister_event_duration_listener(listener)
   assert not lowered
+
+
+@pytest.mark.parametrize("convention", ["step", "trapezoid"])
+def test_area_prefix_form_equals_the_loop_across_ranges(convention):
+  """The accelerators' area scan (prefix sums) gives the CPU loop's carry: the same integers and
+  the areas to float32 rounding, over ranges chained by the carry, with zero multiplicities,
+  tie groups crossing the ranges and ranges without a group end."""
+  import functools
+  from cwsa_jax import _bootstrap as bs
+  rng = np.random.default_rng(23)
+  n = 5000
+  group_end = rng.random(n) < 0.3
+  group_end[2000:2600] = False  # one long group, across a range border
+  group_end[-1] = True
+  correct = rng.random(n) < 0.7
+  loop = jax.jit(functools.partial(bs._area_loop, convention=convention))
+  prefix = jax.jit(functools.partial(bs._area_prefix, convention=convention))
+  for m in (rng.poisson(1.0, n), np.where(rng.random(n) < 0.5, 0, rng.integers(1, 4, n)),
+            np.ones(n, int)):
+    m = jnp.asarray(m.astype(np.int8))
+    a = b = bs._area_carry_zero()
+    for lo, hi in ((0, 1000), (1000, 2300), (2300, 2500), (2500, n)):
+      args = (m[lo:hi], jnp.asarray(correct[lo:hi]), jnp.asarray(group_end[lo:hi]))
+      a, b = loop(*args, a), prefix(*args, b)
+      for field in ("k", "e", "k_last", "e_last"):
+        assert int(getattr(a, field)) == int(getattr(b, field)), (field, lo)
+      for field in ("r_last", "area", "generalized"):
+        assert float(getattr(b, field)) == pytest.approx(float(getattr(a, field)), rel=2e-6), field
+    want = bs._areas_from_carry(a, convention)
+    got = bs._areas_from_carry(b, convention)
+    for key in want:
+      assert float(got[key]) == pytest.approx(float(want[key]), rel=2e-6, abs=1e-9), key
+
+
+def test_area_samples_with_the_prefix_form_equal_the_generic_path(monkeypatch):
+  """bootstrap_ci of aurc (sort once, the area scan) with the accelerators' prefix form forced:
+  the generic path's resample values to float32 rounding."""
+  from cwsa_jax import _bootstrap as bs
+  rng = np.random.default_rng(29)
+  c = np.round(rng.random(3000), 2).astype(np.float32)
+  ok = rng.random(3000) < c
+  key = jax.random.key(4)
+  generic = bootstrap_ci(lambda a, b: aurc(a, b, convention="trapezoid"), c, ok, key=key,
+                         num_resamples=64, level=0.5)
+  calls = []
+  monkeypatch.setattr(bs, "_area_by_platform",
+                      lambda *args, cpu, default: calls.append(1) or default(*args))
+  jax.clear_caches()
+  try:
+    fast = bootstrap_ci(functools.partial(aurc, convention="trapezoid"), c, ok, key=key,
+                        num_resamples=64, level=0.5)
+  finally:
+    jax.clear_caches()
+  assert calls
+  for x, y in zip(fast, generic):
+    assert float(x) == pytest.approx(float(y), rel=2e-6)
