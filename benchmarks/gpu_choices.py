@@ -7,11 +7,11 @@ For a sweep of T = 10 and T = 50 thresholds and the 15 equal-width bins of
 the ECE, on ``c ~ U(0.3, 1)`` float32 and ``correct ~ Bernoulli(c)``:
 
 * the exact per-bucket sums of the scatter path (``_exact.segment_sums``, as
-  on every backend before ``_dense``) and of the dense kernel in several
-  forms (``_dense.FORMS``) and with the library's and another number of
-  samples per block,
+  on every backend before ``_dense``) and of the dense kernels in several
+  launches (form, samples per step, warps, pipeline stages: :data:`CONFIGS`),
   each checked equal to the scatter path's integers, bit for bit, before
-  timing;
+  timing; the fastest exact launch of each mask height is written to the
+  JSON's ``launch`` (``accelerator.py --launch`` applies it) and used by
 * the public ``sweep`` / ``ece`` with the dense kernel on and off (each
   compiled ahead of time with ``_dense.ENABLED`` set), results compared;
 * one read of the inputs (``jnp.sum``), the floor of any kernel;
@@ -20,10 +20,13 @@ the ECE, on ``c ~ U(0.3, 1)`` float32 and ``correct ~ Bernoulli(c)``:
   equal-mass ECE with its edges by one sort (``_sort.order_statistics``), each on
   and off, beside one ``lax.sort`` of the packed keys.
 
-And for the AURC family (``aurc`` "step" and "trapezoid", ``risk_coverage_curve``):
-the parallel scan's group starts by running maxima
-(``_risk_coverage.STARTS_BY_RUNNING_MAX``) against a scatter and a gather,
-results compared, beside one ``lax.sort`` of the packed keys.
+And for the AURC family: ``aurc`` "step" and "trapezoid" with the sort and
+``_group_areas``' kernel (``_group_areas.ENABLED``) against the XLA scans
+(results compared, their largest relative difference recorded), and
+``risk_coverage_curve``'s group starts by running maxima
+(``_risk_coverage.STARTS_BY_RUNNING_MAX``) against a scatter and a gather, each
+beside one ``lax.sort`` of the packed keys. ``--switches`` picks among these
+cases (and the two above); ``--deadline-s`` stops trying launches.
 
 All timed interleaved (min and median), compilation excluded; bytes read are
 5 n (float32 c, bool correct), also given as a fraction of the spec bandwidth
@@ -51,18 +54,19 @@ from _common import environment, interleaved_times, summarize, write_json_atomic
 import cwsa_jax as cj  # noqa: E402
 from cwsa_jax import _calibration, _dense, _group_areas, _sweep  # noqa: E402
 
-# Launches of the dense kernel tried per mask height R (16 or 64 rows): (operand form, samples
-# per step, warps, pipeline stages); the library's (``_dense.LAUNCH``) is always tried first.
-# (An H100 run of d125930 tried bits, rowsk, int8 and int8k at 256-2048 samples per step and
-# 4 or 8 warps: bits at 256 and 4 warps was the fastest at both heights, larger steps slower.)
+# Launches of the dense kernels tried per mask height R (16 or 64 rows): (form, samples per
+# step, warps, pipeline stages); the library's (``_dense.LAUNCH``) is always tried first.
+# (An H100 run of d125930, results/benchmarks/gpu_choices-d125930.json, also tried int8
+# operands and correctness on the mask side, and 512-2048 samples per step with 8 warps: all
+# slower than "bits" at 256 and 4 warps.)
 CONFIGS = {
     16: (("lanes", 128, 4, 2), ("lanes", 256, 4, 2), ("lanes", 512, 4, 2), ("lanes", 256, 8, 2),
-         ("lanes", 512, 8, 2), ("lanes", 128, 4, 3), ("lanes", 256, 4, 3), ("bits", 128, 4, 2),
-         ("int8", 256, 4, 2)),
-    64: (("int8", 256, 4, 2), ("bits", 128, 4, 2)),
+         ("lanes", 512, 8, 2), ("lanes", 128, 4, 3), ("lanes", 256, 4, 3), ("bits", 256, 4, 2),
+         ("bits", 128, 4, 2)),
+    64: (("bits", 128, 4, 2), ("bits", 512, 4, 2), ("samples", 256, 4, 2)),
 }
 QUICK_CONFIGS = {16: (("rows", 128, 4, 2), ("samples", 128, 4, 2), ("lanes", 256, 4, 2)),
-                 64: (("rowsk", 256, 8, 2), ("int8k", 256, 4, 2))}
+                 64: (("rows", 256, 8, 2),)}
 
 
 def cases():

@@ -1197,17 +1197,10 @@ def _area_prefix(m, correct, group_end, carry: _AreaCarry, convention: str) -> _
   at = jnp.maximum(previous, 0)
   k_last = jnp.where(here, k[at], carry.k_last)
   e_last = jnp.where(here, e[at], carry.e_last)
-  point = group_end & (k > k_last)
-  width = (k - k_last).astype(jnp.float32)
-  kf, ef = k.astype(jnp.float32), e.astype(jnp.float32)
-  risk = ef / jnp.where(point, kf, 1.0)
-  if step_rule:
-    a, g = width * risk, width * ef
-  else:
-    r_last = jnp.where(here, e_last.astype(jnp.float32)
-                       / jnp.maximum(k_last, 1).astype(jnp.float32), carry.r_last)
-    earlier = jnp.where(k_last > 0, r_last, risk)
-    a, g = width * (risk + earlier) * 0.5, width * (ef + e_last.astype(jnp.float32)) * 0.5
+  r_last = carry.r_last if step_rule else jnp.where(
+      here, e_last.astype(jnp.float32) / jnp.maximum(k_last, 1).astype(jnp.float32),
+      carry.r_last)
+  point, a, g, _ = _point_terms(group_end, k, e, k_last, e_last, r_last, step_rule)
   zero = jnp.float32(0.0)
   # K and E never decrease: the last point holds the largest of both.
   any_point = jnp.any(point)
@@ -1221,6 +1214,24 @@ def _area_prefix(m, correct, group_end, carry: _AreaCarry, convention: str) -> _
                     carry.generalized + jnp.sum(jnp.where(point, g, zero)))
 
 
+def _point_terms(end, k, e, k_last, e_last, r_last, step_rule: bool):
+  """(point, n AURC term, n^2 AUGRC term, risk) at samples with K, E and the last point K', E'.
+
+  A group end with K > K' is a point (K/n, E/K); it adds W E/K (step) or
+  W (E/K + r')/2 (trapezoid, r' the last point's risk E'/K', or E/K for the
+  first point) to n AURC and W E or W (E + E')/2 to n^2 AUGRC, W = K - K'.
+  """
+  point = end & (k > k_last)
+  width = (k - k_last).astype(jnp.float32)
+  kf, ef = k.astype(jnp.float32), e.astype(jnp.float32)
+  risk = ef / jnp.where(point, kf, 1.0)
+  if step_rule:
+    return point, width * risk, width * ef, risk
+  previous = jnp.where(k_last > 0, r_last, risk)
+  return (point, width * (risk + previous) * 0.5,
+          width * (ef + e_last.astype(jnp.float32)) * 0.5, risk)
+
+
 # Picks the area scan's form when the computation is lowered (tests force the prefix form).
 _area_by_platform = lax.platform_dependent
 
@@ -1228,11 +1239,9 @@ _area_by_platform = lax.platform_dependent
 def _area_loop(m, correct, group_end, carry: _AreaCarry, convention: str) -> _AreaCarry:
   """The area scan over multiplicities ``m`` [n] (sorted order), from ``carry``, sequentially.
 
-  Carries K and E (count and errors so far) and the last point (K', E'); at a
-  group end with K > K' the point (K/n, E/K) adds W E/K (step) or
-  W (E/K + E'/K')/2 (trapezoid; E'/K' = E/K for the first point) to n AURC,
-  with W = K - K', and W E or W (E + E')/2 to n^2 AUGRC. float32 sums per
-  block of samples, then over the blocks.
+  Carries K and E (count and errors so far) and the last point (K', E');
+  every point adds :func:`_point_terms`. float32 sums per block of samples,
+  then over the blocks.
   """
   size = min(_SCAN_BLOCK, m.shape[0])
   pad = -m.shape[0] % size
@@ -1248,15 +1257,7 @@ def _area_loop(m, correct, group_end, carry: _AreaCarry, convention: str) -> _Ar
     mi, right, end = x
     mi = mi.astype(jnp.int32)
     k, e = k + mi, e + jnp.where(right, 0, mi)
-    point = end & (k > k_last)
-    width = (k - k_last).astype(jnp.float32)
-    kf, ef = k.astype(jnp.float32), e.astype(jnp.float32)
-    risk = ef / jnp.where(point, kf, 1.0)
-    if step_rule:
-      a, g = width * risk, width * ef
-    else:  # the previous point's risk E'/K' is carried (r_last); the first point uses its own
-      previous = jnp.where(k_last > 0, r_last, risk)
-      a, g = width * (risk + previous) * 0.5, width * (ef + e_last.astype(jnp.float32)) * 0.5
+    point, a, g, risk = _point_terms(end, k, e, k_last, e_last, r_last, step_rule)
     area = area + jnp.where(point, a, 0.0)
     generalized = generalized + jnp.where(point, g, 0.0)
     k_last, e_last = jnp.where(point, k, k_last), jnp.where(point, e, e_last)

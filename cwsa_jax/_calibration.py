@@ -29,7 +29,7 @@ rounded to float32 once from them, so results stay within a few float32 ulp
 of the float64 definition at any n, and ``streaming.CalibrationState`` gives
 the same values bit for bit (it runs the same :func:`bin_sums`). A sample's
 bin costs a few fused comparisons and the sums one integer scatter-add per
-column over cache-sized chunks (on CUDA GPUs, a tensor-core kernel that sums
+column over cache-sized chunks (on CUDA GPUs, a Pallas kernel that sums
 the same integers, ``_dense``); equal-mass edges are order statistics found
 by a radix select (``_sort.order_statistics``, two histogram passes, no
 sort). Faster than NumPy's ``np.bincount`` (and ``np.partition``) on CPU,

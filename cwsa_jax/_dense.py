@@ -1,4 +1,4 @@
-"""Per-bucket exact sums on NVIDIA GPUs: one pass, threshold masks times digit columns on the tensor cores.
+"""Per-bucket exact sums on NVIDIA GPUs: one pass, threshold masks times digit columns.
 
 On a GPU the scatter-adds of ``_exact.segment_sums`` contend for the few
 buckets of a sweep or an ECE (every sample adds into one of 2 (T + 1)
@@ -11,22 +11,36 @@ the per-row sums
 
   G_{r,j} = \\sum_i [c_i \\ge r_r] \\, x_{ij}
 
-as one matrix product ``M @ X`` of the 0/1 mask M [R, chunk] and the
-digit columns X [chunk, 16]: the count, the four base-64 digits of
-``u = (1 - c) 2^24`` (``u_hi = u >> 12`` and ``u_lo = u & 4095``, two digits
-each) and the same five times ``correct``. Every operand is an integer of at
-most 192 (:data:`FORM`), exact in bfloat16, and every sum of a chunk of at
-most 2^16 samples stays below 2^24, exact in the float32 accumulator. Bucket
-``b`` (the samples with exactly ``b`` rows above ``r_0`` at or below ``c``) is then
+of the columns x: the count, ``u_hi = u >> 12`` and ``u_lo = u & 4095`` of
+``u = (1 - c) 2^24``, and the same three times ``correct``. Bucket ``b`` (the
+samples with exactly ``b`` rows above ``r_0`` at or below ``c``) is then
 ``G_b - G_{b+1}``, an exact int32 difference, brought to the ``(hi, lo)``
 layout of ``_stats.segment_columns``: bit for bit the sums of the scatter
 path, so results and states do not depend on the backend.
 
-The kernel (Pallas, Triton backend) reads each confidence and correctness
-once; rows of samples (leading axes, ``vmap``) are one launch. It is used for
-binary correctness, at most :data:`MAX_BUCKETS` buckets and no mask, groups
-or given buckets; everything else, and every other backend, keeps the
-scatter path. Tests run it on the CPU through Pallas' interpreter
+Two ways to form G (:data:`FORMS`, picked per mask height by :data:`LAUNCH`):
+
+* up to 32 rows ("lanes"): each thread keeps float32 accumulators [R] per
+  sample slot it holds and adds the mask times each column, one fused
+  multiply-add per row and column; every accumulator stays below 2^24 (at
+  most 1023 steps per program), so it is exact, and becomes int32 once per
+  program before the sum over the threads;
+* more rows ("bits" and the other product forms): one matrix product
+  ``M @ X`` per step on the tensor cores, of the 0/1 mask M [R, step] and the
+  columns' base-64 digits X [step, 16], every operand an integer of at most
+  192, exact in bfloat16, every chunk sum of at most 2^16 samples below 2^24.
+
+Measured on an H100 at n = 1e8 (``benchmarks/gpu_choices.py``,
+``results/benchmarks/gpu_choices.json``): 1.2 ms for 16 rows with "lanes"
+against 2.0 ms with "bits", 2.3 ms for 64 rows with "bits"; one read of the
+same samples takes 0.37 ms. Larger steps, more warps, int8 operands and two
+products of 8 columns were all slower (``gpu_choices-d125930.json``).
+
+The kernels (Pallas, Triton backend) read each confidence and correctness
+once; rows of samples (leading axes, ``vmap``) are one launch. They are used
+for binary correctness, at most :data:`MAX_BUCKETS` buckets and no mask,
+groups or given buckets; everything else, and every other backend, keeps the
+scatter path. Tests run them on the CPU through Pallas' interpreter
 (:data:`INTERPRET`).
 """
 
@@ -81,30 +95,22 @@ def _num_rows(num_buckets: int) -> int:
 # j >= 5 take w of the correct samples only.
 _SHIFTS = (25, 18, 12, 6, 0) * 2 + (0,) * (_WIDTH - _USED)
 _MASKS = (1, 127, 63, 63, 63) * 2 + (0,) * (_WIDTH - _USED)
-# How the kernel builds its operands:
+# How the kernels form G:
 #   "rows":    mask [R, block] @ digits [block, 16], digits converted int -> float -> bfloat16;
 #   "samples": mask [block, R] contracted over samples with the digits (a transposed operand);
 #   "bits":    as "rows", but each digit d written as the bfloat16 bit pattern of 128 + d
 #              (no conversion instructions); the count column holds 128 and is the offset
 #              taken off the others;
-#   "rowsk":   as "bits", with correctness on the mask side: two products, mask @ digits and
-#              (mask and correct) @ digits, of 8 digit columns (the count and the 4 digits of
-#              u) instead of one of 16;
-#   "int8":    as "rows" in int8 with int32 accumulation (half the operand bytes, and exact
-#              sums of any length);
-#   "int8k":   as "rowsk" in int8 with int32 accumulation;
-#   "lanes":   no product: per thread, float32 accumulators [R, block] of the mask times
+#   "lanes":   no product (_lanes_kernel): per thread, float32 accumulators of the mask times
 #              each column (count + 1024 correct, u >> 12, u & 4095 and the last two times
-#              correct; one fused multiply-add each), exact below 2^24 (at most 4096 steps),
-#              made int32 and summed over the threads once per program. R <= 32 only
-#              (5 R accumulators per sample a thread holds).
-FORMS = ("rows", "samples", "bits", "rowsk", "int8", "int8k", "lanes")
+#              correct), at most LANES_MAX_ROWS rows.
+# (int8 operands with int32 accumulation, and correctness on the mask side with two products
+# of 8 columns, were measured slower on an H100: results/benchmarks/gpu_choices-d125930.json.)
+FORMS = ("rows", "samples", "bits", "lanes")
 LANES_MAX_ROWS = 32
-_BITS_FORMS = ("bits", "rowsk")  # digits as bfloat16 bit patterns, offset 128
-_INT8_FORMS = ("int8", "int8k")
-_SPLIT_FORMS = ("rowsk", "int8k")  # correctness on the mask side: two products of 8 columns
 # The launch per mask height R (16, 32 or 64 rows): (form, samples per step, warps, software
-# pipeline stages), as measured fastest by benchmarks/gpu_choices.py (which also tries others).
+# pipeline stages), the fastest measured by benchmarks/gpu_choices.py on an H100 (R = 32 was
+# not measured: the 64-row choice).
 LAUNCH = {16: ("lanes", 128, 4, 3), 32: ("bits", 256, 4, 2), 64: ("bits", 256, 4, 2)}
 # Overrides LAUNCH's form when set (the tests run every form).
 FORM = None
@@ -114,30 +120,14 @@ def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, form):
   from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU module, on use)
   first = pl.program_id(1) * (block * steps)
   rows = rows_ref[...]
-  split = form in _SPLIT_FORMS
-  width, used = (_WIDTH // 2, _USED // 2) if split else (_WIDTH, _USED)
-  lane = lax.broadcasted_iota(jnp.int32, (1, width), 1)
-  shifts = jnp.zeros((1, width), jnp.int32)
-  masks = jnp.zeros((1, width), jnp.int32)
-  for j in range(used):
+  lane = lax.broadcasted_iota(jnp.int32, (1, _WIDTH), 1)
+  shifts = jnp.zeros((1, _WIDTH), jnp.int32)
+  masks = jnp.zeros((1, _WIDTH), jnp.int32)
+  for j in range(_USED):
     shifts = jnp.where(lane == j, _SHIFTS[j], shifts)
-    masks = jnp.where(lane == j, 0 if form in _BITS_FORMS and j == 0 else _MASKS[j], masks)
+    masks = jnp.where(lane == j, 0 if form == "bits" and j == 0 else _MASKS[j], masks)
   times_correct = lane >= _USED // 2
-  if form in _INT8_FORMS:
-    operand, acc_type = jnp.int8, jnp.int32
-  else:
-    operand, acc_type = jnp.bfloat16, jnp.float32
-  one, zero = jnp.ones((), operand), jnp.zeros((), operand)
-
-  def as_operand(digits):
-    if form in _BITS_FORMS:
-      return lax.bitcast_convert_type((digits | 0x4300).astype(jnp.int16), jnp.bfloat16)
-    if form in _INT8_FORMS:
-      return digits.astype(jnp.int8)
-    return digits.astype(jnp.float32).astype(jnp.bfloat16)
-
-  def product(mask, digits):
-    return jnp.dot(jnp.where(mask, one, zero), digits, preferred_element_type=acc_type)
+  one, zero = jnp.ones((), jnp.bfloat16), jnp.zeros((), jnp.bfloat16)
 
   def body(i, acc):
     start = i * block
@@ -150,26 +140,21 @@ def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, form):
     compared = jnp.where(valid, c, jnp.nan)
     clipped = jnp.minimum(jnp.maximum(c, 0.0), 1.0)
     w = ((1.0 - clipped) * 16777216.0).astype(jnp.int32) | (1 << 25)
-    if split:
-      digits = as_operand(lax.shift_right_logical(w[:, None], shifts) & masks)
-      above = rows[:, None] <= compared[None, :]  # [R, block]
-      return acc[0] + product(above, digits), acc[1] + product(above & k[None, :], digits)
     source = jnp.where(times_correct, jnp.where(k, w, 0)[:, None], w[:, None])
-    digits = as_operand(lax.shift_right_logical(source, shifts) & masks)
+    digits = lax.shift_right_logical(source, shifts) & masks
+    if form == "bits":
+      digits = lax.bitcast_convert_type((digits | 0x4300).astype(jnp.int16), jnp.bfloat16)
+    else:
+      digits = digits.astype(jnp.float32).astype(jnp.bfloat16)
     if form == "samples":
       mask = jnp.where(compared[:, None] >= rows[None, :], one, zero)  # [block, R]
       return acc + lax.dot_general(mask, digits, (((0,), (0,)), ((), ())),
-                                   preferred_element_type=acc_type)
-    return acc + product(rows[:, None] <= compared[None, :], digits)  # [R, block] @ digits
+                                   preferred_element_type=jnp.float32)
+    mask = jnp.where(rows[:, None] <= compared[None, :], one, zero)  # [R, block]
+    return acc + jnp.dot(mask, digits, preferred_element_type=jnp.float32)
 
-  if split:
-    half = jnp.zeros((rows.shape[0], width), acc_type)
-    every, right = lax.fori_loop(0, steps, body, (half, half))
-    out_ref[:, pl.ds(0, width)] = every.astype(jnp.int32)
-    out_ref[:, pl.ds(width, width)] = right.astype(jnp.int32)
-  else:
-    acc = lax.fori_loop(0, steps, body, jnp.zeros((rows.shape[0], width), acc_type))
-    out_ref[...] = acc.astype(jnp.int32)
+  acc = lax.fori_loop(0, steps, body, jnp.zeros((rows.shape[0], _WIDTH), jnp.float32))
+  out_ref[...] = acc.astype(jnp.int32)
 
 
 def _lanes_kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit):
@@ -226,8 +211,8 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, uni
   counts every sample, ``+inf`` none). With ``unit`` (the sweep) samples
   whose confidence is NaN or outside [0, 1] are left out; without (the
   calibration bins) every ``c`` is compared as it is.
-  ``block`` samples per step (default: 128, or 256 for R = 64, the fastest
-  measured by ``benchmarks/gpu_choices.py``);
+  ``form``, ``block`` (samples per step), ``num_warps`` and ``num_stages``
+  default to :data:`LAUNCH`'s for R;
   ``per_program`` samples per program (a power of two <= 2^16; default: at
   most 2^16 and enough programs to fill a large GPU).
   """
@@ -265,15 +250,6 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, uni
       interpret=INTERPRET,
       name="cwsa_dense_row_sums",
   )(rows, confidences.astype(jnp.float32), correct)
-  half = _WIDTH // 2
-  if form == "rowsk":  # [all samples | correct ones], each: 128 per sample + the digits
-    offset, offset_right = sums[..., :1], sums[..., half:half + 1]
-    return jnp.concatenate([offset >> 7, sums[..., 1:_USED // 2] - offset,
-                            offset_right >> 7, sums[..., half + 1:half + _USED // 2] - offset_right,
-                            jnp.zeros_like(sums[..., _USED:])], axis=-1)
-  if form == "int8k":  # [all samples | correct ones]
-    return jnp.concatenate([sums[..., :_USED // 2], sums[..., half:half + _USED // 2],
-                            jnp.zeros_like(sums[..., _USED:])], axis=-1)
   if form == "bits":  # every column holds 128 per sample on top of its digits
     offset = sums[..., :1]
     return jnp.concatenate([offset >> 7, sums[..., 1:] - offset], axis=-1)

@@ -22,7 +22,7 @@ the single-threshold metrics (T = 1), ``bootstrap_sweep``'s estimate and
 batching rule), become more segments of the same single pass, not a batched
 loop. On CUDA GPUs, binary samples with at most ``_dense.MAX_BUCKETS``
 buckets (and no groups, mask or given buckets) are summed by ``_dense``'s
-tensor-core kernel instead of scatter-adds, and one row of them with more
+kernels instead of scatter-adds, and one row of them with more
 buckets by ``_sorted_sums`` (one sort): the same integers, bit for bit.
 """
 
