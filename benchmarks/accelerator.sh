@@ -12,9 +12,11 @@
 # imported from this checkout (the repository root goes on PYTHONPATH), so nothing else is needed
 # there. $PYTHON picks the interpreter; otherwise the first of .venv/bin/python and python3 whose
 # jax sees a GPU (with --quick: whose jax imports).
-# accelerator.py stops starting cases after 280 s (--deadline-s) and rewrites its JSON after
-# every row; the timeouts below (330 s, then 125 s for gpu_choices.py) keep the whole run
-# under 8 minutes.
+# First (not with --quick) benchmarks/gpu_choices.py times the GPU forms against the forms they
+# replace and the dense kernel's launches (results/benchmarks/gpu_choices.json, $CHOICES_OUT);
+# accelerator.py then runs with the fastest launch it found (--launch). accelerator.py stops
+# starting cases after 280 s (--deadline-s) and rewrites its JSON after every row; the timeouts
+# below (140 s, then 320 s) keep the whole run under 8 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,12 +45,13 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 echo "accelerator.sh: $python ($("$python" -c 'import jax; print(jax.__version__, jax.default_backend())'))" >&2
-# Then (not with --quick) the GPU forms against the forms they replace, into
-# results/benchmarks/gpu_choices.json ($CHOICES_OUT): benchmarks/gpu_choices.py.
 status=0
-timeout 330 "$python" benchmarks/accelerator.py "$@" || status=$?
+launch=()
 if [ "$quick" = 0 ]; then
-  timeout 125 "$python" benchmarks/gpu_choices.py \
-    --out "${CHOICES_OUT:-results/benchmarks/gpu_choices.json}" >/dev/null || status=$?
+  choices="${CHOICES_OUT:-results/benchmarks/gpu_choices.json}"
+  timeout 140 "$python" benchmarks/gpu_choices.py --deadline-s 90 --out "$choices" >/dev/null \
+    || status=$?
+  [ -f "$choices" ] && launch=(--launch "$choices")
 fi
+timeout 320 "$python" benchmarks/accelerator.py ${launch[@]+"${launch[@]}"} "$@" || status=$?
 exit "$status"
