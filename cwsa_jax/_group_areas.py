@@ -53,7 +53,9 @@ INTERPRET = False
 # Off: every platform keeps the XLA scans (a benchmark's A/B switch).
 ENABLED = True
 
-_ERROR, _START, _END = 1, 2, 4
+# Bits of a sample's byte: its error (bit 0), and whether it starts (bit 1) or ends (bit 2)
+# a tie group.
+_START_SHIFT, _END_SHIFT = 1, 2
 
 
 def flags(keys: jax.Array, errors: jax.Array, n: int) -> jax.Array:
@@ -65,7 +67,8 @@ def flags(keys: jax.Array, errors: jax.Array, n: int) -> jax.Array:
   key = keys[:n]
   start = jnp.concatenate([jnp.ones((1,), bool), key[1:] != key[:-1]])
   end = key != keys[1:n + 1]
-  byte = (errors[:n] | (start.astype(jnp.int32) << 1) | (end.astype(jnp.int32) << 2))
+  byte = (errors[:n] | (start.astype(jnp.int32) << _START_SHIFT)
+          | (end.astype(jnp.int32) << _END_SHIFT))
   size = -(-n // TILE) * TILE
   return jnp.pad(byte.astype(jnp.int8), (0, size - n))
 
@@ -88,7 +91,7 @@ def _kernel(byte_ref, carry_ref, aurc_ref, augrc_ref, *, convention):
   pick = lambda j: jnp.sum(jnp.where(lane == j, carry, 0))  # noqa: E731 (no scalar indexing)
   errors_in, start_in, before_in = pick(0), pick(1), pick(2)
   byte = byte_ref[...].astype(jnp.int32)  # [_ROWS, 32]
-  error, start, end = byte & _ERROR, (byte >> 1) & 1, (byte >> 2) & 1
+  error, start, end = byte & 1, (byte >> _START_SHIFT) & 1, (byte >> _END_SHIFT) & 1
   column = lax.broadcasted_iota(jnp.int32, (_ROWS, _COLUMNS), 1)
   row = lax.broadcasted_iota(jnp.int32, (_ROWS, _COLUMNS), 0)
   row_first = tile * TILE + lax.broadcasted_iota(jnp.int32, (_ROWS,), 0) * _COLUMNS + 1
@@ -138,7 +141,7 @@ def _kernel(byte_ref, carry_ref, aurc_ref, augrc_ref, *, convention):
 def _carries(byte: jax.Array) -> jax.Array:
   """int32 [tiles, 4]: per tile the errors, latest start and errors before it, all before the tile."""
   tiles = byte.reshape(-1, TILE).astype(jnp.int32)
-  error, start = tiles & _ERROR, (tiles >> 1) & 1
+  error, start = tiles & 1, (tiles >> _START_SHIFT) & 1
   index = lax.broadcasted_iota(jnp.int32, tiles.shape, 1)
   errors = jnp.sum(error, axis=1)
   last = jnp.max(jnp.where(start > 0, index, -1), axis=1)  # the tile's last start, -1 if none

@@ -34,15 +34,16 @@ single-operand integer sort does all the work ("published_code" adds the input
 position in an int64 key, graded correctness sorts keys with positions and
 gathers the losses). The sort is ``np.sort`` through a callback on CPU and
 ``lax.sort`` elsewhere (``_sort``); then one scan over the sorted samples
-(sequential over cache-sized chunks on CPU, parallel prefix scans elsewhere;
-on CUDA GPUs ``aurc`` and ``augrc`` of boolean correctness, "step" and
-"trapezoid", read one byte per sorted sample in one Pallas kernel instead,
-``_group_areas``) feeds every result (the curve of boolean correctness: one pass of two running
-counts). The sort is most of the time on CPU, so the speed against NumPy and
-torch follows NumPy's sort (``benchmarks/bench_vs_numpy.py``, the README's
-speed section: ahead of both with NumPy's AVX2 sort, behind torch's parallel
-radix sort at n <= 1e6 where NumPy's AVX-512 sort is slow). Binary losses are
-summed in integers (exact); graded ones with compensated float32 sums.
+(sequential over cache-sized chunks on CPU, parallel prefix scans elsewhere)
+feeds every result (the curve of boolean correctness: one pass of two running
+counts). On CUDA GPUs, ``aurc`` and ``augrc`` of boolean correctness ("step",
+"trapezoid") read one byte per sorted sample in one Pallas kernel instead of
+the scans (``_group_areas``). The sort is most of the time on CPU, so the
+speed against NumPy and torch follows NumPy's sort
+(``benchmarks/bench_vs_numpy.py``, the README's speed section: ahead of both
+with NumPy's AVX2 sort, behind torch's parallel radix sort at n <= 1e6 where
+NumPy's AVX-512 sort is slow). Binary losses are summed in integers (exact);
+graded ones with compensated float32 sums.
 
 Invalid values (scores outside [0, 1] or not finite, correctness other than
 0/1 or outside [0, 1], targets out of range) raise ``ValueError`` on concrete
