@@ -3,8 +3,8 @@
 Usage: python benchmarks/gpu_choices.py [--n 1e8] [--out FILE] [--repeats 10]
        python benchmarks/gpu_choices.py --quick     (small n, Pallas' interpreter: runs on a CPU)
 
-For a sweep of T = 10 and T = 50 thresholds and the 15 equal-width bins of
-the ECE, on ``c ~ U(0.3, 1)`` float32 and ``correct ~ Bernoulli(c)``:
+For a sweep of T = 10, 20 and 50 thresholds (16, 32 and 64 mask rows) and the
+15 equal-width bins of the ECE, on ``c ~ U(0.3, 1)`` float32 and ``correct ~ Bernoulli(c)``:
 
 * the exact per-bucket sums of the scatter path (``_exact.segment_sums``, as
   on every backend before ``_dense``) and of the dense kernels in several
@@ -63,10 +63,11 @@ CONFIGS = {
     16: (("lanes", 128, 4, 2), ("lanes", 256, 4, 2), ("lanes", 512, 4, 2), ("lanes", 256, 8, 2),
          ("lanes", 512, 8, 2), ("lanes", 128, 4, 3), ("lanes", 256, 4, 3), ("bits", 256, 4, 2),
          ("bits", 128, 4, 2)),
+    32: (("lanes", 128, 4, 2), ("lanes", 128, 4, 3), ("lanes", 256, 8, 2), ("bits", 128, 4, 2)),
     64: (("bits", 128, 4, 2), ("bits", 512, 4, 2), ("samples", 256, 4, 2)),
 }
 QUICK_CONFIGS = {16: (("rows", 128, 4, 2), ("samples", 128, 4, 2), ("lanes", 256, 4, 2)),
-                 64: (("rows", 256, 8, 2),)}
+                 32: (("lanes", 128, 4, 2),), 64: (("rows", 256, 8, 2),)}
 
 
 def cases():
@@ -76,6 +77,9 @@ def cases():
                         public=lambda t: lambda c, k: cj.sweep(c, k, t)),
       "ece_15_bins": dict(rows=np.asarray(_calibration.width_edges(15))[1:-1], unit=False,
                           public=lambda t: lambda c, k: cj.ece(c, k)),
+      # 32 mask rows: the lanes form's largest height (its accumulators: 5 x 32 per sample slot)
+      "sweep_T20": dict(rows=grid(np.linspace(0.5, 0.975, 20)), unit=True,
+                        public=lambda t: lambda c, k: cj.sweep(c, k, t)),
       "sweep_T50": dict(rows=grid(cj.default_thresholds()), unit=True,
                         public=lambda t: lambda c, k: cj.sweep(c, k, t)),
   }

@@ -283,14 +283,15 @@ def test_gpu_choices_quick_checks_every_form_exact(script_runs):
   assert rc == 0, stderr[-3000:]
   payload = json.loads(stdout)
   cases = payload["cases"]
-  for name in ("sweep_T10", "sweep_T50", "ece_15_bins"):
+  height = {"sweep_T10": "16", "ece_15_bins": "16", "sweep_T20": "32", "sweep_T50": "64"}
+  for name in height:
     assert cases[name]["configs"] and all(c == {"exact": True} for c in cases[name]["configs"].values())
     assert cases[name]["public_equal"] is True
     # the public functions ran with the fastest exact launch of their mask height
-    assert cases[name]["public_launch"] == payload["launch"][str(16 if name != "sweep_T50" else 64)]
+    assert cases[name]["public_launch"] == payload["launch"][height[name]]
   from cwsa_jax import _dense
   assert {h: launch[0] in _dense.FORMS for h, launch in payload["launch"].items()} == {
-      "16": True, "64": True}
+      "16": True, "32": True, "64": True}
   assert cases["sweep_64_models"]["public_equal"] is True
   assert all(cases[name]["equal"] is True
              for name in ("sweep_T1000", "ece_mass", "aurc_step", "aurc_trapezoid", "curve"))
