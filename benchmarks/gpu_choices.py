@@ -60,14 +60,15 @@ from cwsa_jax import _calibration, _dense, _group_areas, _sweep  # noqa: E402
 # operands and correctness on the mask side, and 512-2048 samples per step with 8 warps: all
 # slower than "bits" at 256 and 4 warps.)
 CONFIGS = {
-    16: (("lanes", 128, 4, 2), ("lanes", 256, 4, 2), ("lanes", 512, 4, 2), ("lanes", 256, 8, 2),
-         ("lanes", 512, 8, 2), ("lanes", 128, 4, 3), ("lanes", 256, 4, 3), ("bits", 256, 4, 2),
-         ("bits", 128, 4, 2)),
-    32: (("lanes", 128, 4, 2), ("lanes", 128, 4, 3), ("lanes", 256, 8, 2), ("bits", 128, 4, 2)),
-    64: (("bits", 128, 4, 2), ("bits", 512, 4, 2), ("samples", 256, 4, 2)),
+    16: (("unrolled", 128, 4, 2), ("unrolled", 128, 4, 3), ("unrolled", 256, 4, 2),
+         ("unrolled", 256, 8, 2), ("lanes", 128, 4, 2), ("lanes", 256, 8, 2), ("bits", 256, 4, 2)),
+    32: (("unrolled", 128, 4, 2), ("unrolled", 128, 4, 3), ("unrolled", 64, 2, 2),
+         ("lanes", 128, 4, 2), ("lanes", 128, 4, 3), ("lanes", 256, 8, 2), ("bits", 128, 4, 2)),
+    64: (("unrolled", 128, 4, 2), ("unrolled", 128, 4, 3), ("unrolled", 64, 2, 2),
+         ("bits", 128, 4, 2), ("samples", 256, 4, 2)),
 }
 QUICK_CONFIGS = {16: (("rows", 128, 4, 2), ("samples", 128, 4, 2), ("lanes", 256, 4, 2)),
-                 32: (("lanes", 128, 4, 2),), 64: (("rows", 256, 8, 2),)}
+                 32: (("lanes", 128, 4, 2),), 64: (("rows", 256, 8, 2), ("unrolled", 128, 4, 2))}
 
 
 def cases():

@@ -20,11 +20,13 @@ path, so results and states do not depend on the backend.
 
 Two ways to form G (:data:`FORMS`, picked per mask height by :data:`LAUNCH`):
 
-* up to 32 rows ("lanes"): each thread keeps float32 accumulators [R] per
-  sample slot it holds and adds the mask times each column, one fused
-  multiply-add per row and column; every accumulator stays below 2^24 (at
-  most 1023 steps per program), so it is exact, and becomes int32 once per
-  program before the sum over the threads;
+* no product ("lanes", "unrolled"): each thread keeps float32 accumulators
+  per row and column for every sample slot it holds and adds the mask times
+  each column, one fused multiply-add per row and column; every accumulator
+  stays below 2^24 (at most 1023 steps per program), so it is exact, and
+  becomes int32 once per program before the sum over the threads. At most 32
+  rows per program ("unrolled" runs a program per 32 rows over the same
+  samples);
 * more rows ("bits" and the other product forms): one matrix product
   ``M @ X`` per step on the tensor cores, of the 0/1 mask M [R, step] and the
   columns' base-64 digits X [step, 16], every operand an integer of at most
@@ -106,7 +108,11 @@ _MASKS = (1, 127, 63, 63, 63) * 2 + (0,) * (_WIDTH - _USED)
 #              correct), at most LANES_MAX_ROWS rows.
 # (int8 operands with int32 accumulation, and correctness on the mask side with two products
 # of 8 columns, were measured slower on an H100: results/benchmarks/gpu_choices-d125930.json.)
-FORMS = ("rows", "samples", "bits", "lanes")
+#   "unrolled": "lanes" with the rows unrolled: one 1-D accumulator per row and column, so
+#              each thread computes its samples' columns once (a [R, block] tensor may spread
+#              a sample's rows over threads that each recompute its columns).
+FORMS = ("rows", "samples", "bits", "lanes", "unrolled")
+_LANES_FORMS = ("lanes", "unrolled")
 LANES_MAX_ROWS = 32
 # The launch per mask height R (16, 32 or 64 rows): (form, samples per step, warps, software
 # pipeline stages), the fastest measured by benchmarks/gpu_choices.py on an H100 (R = 32 was
@@ -189,6 +195,44 @@ def _lanes_kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit):
   out_ref[...] = out
 
 
+def _rows_kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, num_rows):
+  """The "lanes" sums with one 1-D accumulator per row and column (rows unrolled): every
+  thread computes its samples' columns once, whatever the number of rows."""
+  from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU module, on use)
+  first = pl.program_id(1) * (block * steps)
+  thresholds = [rows_ref[r] for r in range(num_rows)]  # this program's group of rows
+
+  def body(i, acc):
+    start = i * block
+    valid = first + start + lax.broadcasted_iota(jnp.int32, (block,), 0) < n
+    c = plgpu.load(c_ref.at[pl.ds(start, block)], mask=valid, other=0.0)
+    k = plgpu.load(k_ref.at[pl.ds(start, block)], mask=valid, other=False)
+    if unit:
+      valid = valid & (c >= 0.0) & (c <= 1.0)
+    compared = jnp.where(valid, c, jnp.nan)
+    u = ((1.0 - jnp.minimum(jnp.maximum(c, 0.0), 1.0)) * 16777216.0).astype(jnp.int32)
+    hi, lo = (u >> 12).astype(jnp.float32), (u & 4095).astype(jnp.float32)
+    right = jnp.where(k, 1.0, 0.0)
+    columns = (1.0 + 1024.0 * right, hi, lo, right * hi, right * lo)
+    out = []
+    for r, threshold in enumerate(thresholds):
+      above = jnp.where(compared >= threshold, 1.0, 0.0)
+      out.extend(a + above * x for a, x in zip(acc[5 * r:5 * r + 5], columns))
+    return tuple(out)
+
+  zeros = jnp.zeros((block,), jnp.float32)
+  acc = lax.fori_loop(0, steps, body, (zeros,) * (5 * num_rows))
+  row = lax.broadcasted_iota(jnp.int32, (num_rows, _WIDTH), 0)
+  lane = lax.broadcasted_iota(jnp.int32, (num_rows, _WIDTH), 1)
+  out = jnp.zeros((num_rows, _WIDTH), jnp.int32)
+  for r in range(num_rows):
+    counts, hi, lo, right_hi, right_lo = (a.astype(jnp.int32) for a in acc[5 * r:5 * r + 5])
+    columns = {0: counts & 1023, 2: hi, 4: lo, 5: counts >> 10, 7: right_hi, 9: right_lo}
+    for j, x in columns.items():
+      out = jnp.where((row == r) & (lane == j), jnp.sum(x), out)
+  out_ref[...] = out
+
+
 # Programs to aim for: a few per streaming multiprocessor of a large GPU.
 _TARGET_PROGRAMS = 1024
 
@@ -230,21 +274,28 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, uni
   steps = per_program // block
   num_programs = pl.cdiv(n, per_program)
   form = form or FORM or launch[0]
-  if form == "lanes":
-    if num_rows > LANES_MAX_ROWS or steps > 1023:
-      raise ValueError(f"form 'lanes' takes at most {LANES_MAX_ROWS} rows and 1023 steps, got "
+  # Rows per program: all of them, but at most LANES_MAX_ROWS for "unrolled" (more rows: more
+  # programs over the same samples, which then come from the cache).
+  group = min(num_rows, LANES_MAX_ROWS) if form == "unrolled" else num_rows
+  if form in _LANES_FORMS:
+    if group > LANES_MAX_ROWS or steps > 1023:
+      raise ValueError(f"form {form!r} takes at most {LANES_MAX_ROWS} rows and 1023 steps, got "
                        f"{num_rows} and {steps}")
-    kernel = functools.partial(_lanes_kernel, n=n, block=block, steps=steps, unit=unit)
+    if form == "lanes":
+      kernel = functools.partial(_lanes_kernel, n=n, block=block, steps=steps, unit=unit)
+    else:
+      kernel = functools.partial(_rows_kernel, n=n, block=block, steps=steps, unit=unit,
+                                 num_rows=group)
   else:
     kernel = functools.partial(_kernel, n=n, block=block, steps=steps, unit=unit, form=form)
   sums = pl.pallas_call(
       kernel,
       out_shape=_output_like(confidences, (num_samples, num_programs, num_rows, _WIDTH)),
-      grid=(num_samples, num_programs),
-      in_specs=[pl.BlockSpec((num_rows,), lambda s, p: (0,)),
-                pl.BlockSpec((None, per_program), lambda s, p: (s, p)),
-                pl.BlockSpec((None, per_program), lambda s, p: (s, p))],
-      out_specs=pl.BlockSpec((None, None, num_rows, _WIDTH), lambda s, p: (s, p, 0, 0)),
+      grid=(num_samples, num_programs, num_rows // group),
+      in_specs=[pl.BlockSpec((group,), lambda s, p, g: (g,)),
+                pl.BlockSpec((None, per_program), lambda s, p, g: (s, p)),
+                pl.BlockSpec((None, per_program), lambda s, p, g: (s, p))],
+      out_specs=pl.BlockSpec((None, None, group, _WIDTH), lambda s, p, g: (s, p, g, 0)),
       compiler_params=plgpu.CompilerParams(num_warps=num_warps or launch[2],
                                            num_stages=num_stages or launch[3]),
       interpret=INTERPRET,

@@ -150,8 +150,9 @@ def test_dense_gpu_form_equals_cpu_form(name, monkeypatch):
   from cwsa_jax import _dense
   # every way of building the operands (_dense.FORMS) on some of the kernels
   form = {"ece_mass": "samples", "sweep_vmapped_rows": "samples", "calibration_bins_63": "bits",
-          "sweep_default_grid": "bits", "sweep_unsorted_nan_threshold": "bits",
-          "sweep": "lanes", "ece_width": "lanes", "sweep_rows_of_small_n": "lanes"}.get(name, "rows")
+          "sweep_default_grid": "unrolled", "sweep_unsorted_nan_threshold": "bits",
+          "sweep": "lanes", "ece_width": "lanes", "sweep_rows_of_small_n": "lanes",
+          "ece_vmapped": "unrolled", "select_threshold": "unrolled"}.get(name, "rows")
   monkeypatch.setattr(_dense, "FORM", form)
   monkeypatch.setattr(_dense, "INTERPRET", True)
   calls = _cuda_form_results(_dense, _dense_kernels()[name], monkeypatch)
