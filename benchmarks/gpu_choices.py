@@ -20,8 +20,9 @@ For a sweep of T = 10, 20 and 50 thresholds (16, 32 and 64 mask rows) and the
   equal-mass ECE with its edges by one sort (``_sort.order_statistics``), each on
   and off, beside one ``lax.sort`` of the packed keys.
 
-And for the AURC family: ``aurc`` "step" and "trapezoid" with the sort and
-``_group_areas``' kernel (``_group_areas.ENABLED``) against the XLA scans
+And for the AURC family: ``aurc`` "step" and "trapezoid", ``eaurc`` "step" and
+``risk_coverage_summary`` "trapezoid" with the sort and ``_group_areas``'
+kernel (``_group_areas.ENABLED``) against the XLA scans
 (results compared, their largest relative difference recorded), and
 ``risk_coverage_curve``'s group starts by running maxima
 (``_risk_coverage.STARTS_BY_RUNNING_MAX``) against a scatter and a gather, each
@@ -164,6 +165,9 @@ def switch_cases(c, ok, repeats, nbytes, spec, payload, only=None) -> None:
       ("aurc_step", cj.aurc, _group_areas, "ENABLED", tiles),
       ("aurc_trapezoid", lambda c, k: cj.aurc(c, k, convention="trapezoid"), _group_areas,
        "ENABLED", tiles),
+      ("eaurc_step", cj.eaurc, _group_areas, "ENABLED", tiles),
+      ("summary_trapezoid", lambda c, k: cj.risk_coverage_summary(c, k, convention="trapezoid"),
+       _group_areas, "ENABLED", tiles),
       ("curve", cj.risk_coverage_curve, _risk_coverage, "STARTS_BY_RUNNING_MAX", scans)):
     if only is not None and name not in only:
       continue
@@ -192,7 +196,8 @@ def main(argv=None) -> int:
   parser.add_argument("--out", default=None)
   parser.add_argument("--switches", default=None,
                       help="comma-separated switch cases to run (default all: sweep_T1000, "
-                           "ece_mass, aurc_step, aurc_trapezoid, curve)")
+                           "ece_mass, aurc_step, aurc_trapezoid, eaurc_step, summary_trapezoid, "
+                           "curve)")
   parser.add_argument("--deadline-s", type=float, default=200.0,
                       help="no further dense launch is tried after this many seconds")
   args = parser.parse_args(argv)

@@ -73,6 +73,12 @@ def flags(keys: jax.Array, errors: jax.Array, n: int) -> jax.Array:
   return jnp.pad(byte.astype(jnp.int8), (0, size - n))
 
 
+def error_and_start(byte: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """int32 0/1 error and group-start flags of :func:`flags`' bytes."""
+  byte = byte.astype(jnp.int32)
+  return byte & 1, (byte >> _START_SHIFT) & 1
+
+
 def _bits_below(bits: jax.Array, local: jax.Array) -> jax.Array:
   """Number of set bits of ``bits`` in columns below ``local`` (0..31)."""
   below = lax.shift_left(jnp.ones_like(local), local) - 1  # 1 << 31 wraps; minus 1 gives 2^31 - 1
@@ -140,14 +146,13 @@ def _kernel(byte_ref, carry_ref, aurc_ref, augrc_ref, *, convention):
 
 def _carries(byte: jax.Array) -> jax.Array:
   """int32 [tiles, 4]: per tile the errors, latest start and errors before it, all before the tile."""
-  tiles = byte.reshape(-1, TILE).astype(jnp.int32)
-  error, start = tiles & 1, (tiles >> _START_SHIFT) & 1
-  index = lax.broadcasted_iota(jnp.int32, tiles.shape, 1)
+  error, start = error_and_start(byte.reshape(-1, TILE))
+  index = lax.broadcasted_iota(jnp.int32, error.shape, 1)
   errors = jnp.sum(error, axis=1)
   last = jnp.max(jnp.where(start > 0, index, -1), axis=1)  # the tile's last start, -1 if none
   before_last = jnp.sum(jnp.where(index < last[:, None], error, 0), axis=1)
   errors_in = jnp.cumsum(errors) - errors
-  first = lax.iota(jnp.int32, tiles.shape[0]) * TILE + 1
+  first = lax.iota(jnp.int32, error.shape[0]) * TILE + 1
   exclusive_max = lambda x: jnp.concatenate([jnp.zeros((1,), x.dtype), lax.cummax(x)[:-1]])  # noqa: E731
   start_in = exclusive_max(jnp.where(last >= 0, first + last, 0))
   before_in = exclusive_max(jnp.where(last >= 0, errors_in + before_last, 0))

@@ -36,9 +36,10 @@ gathers the losses). The sort is ``np.sort`` through a callback on CPU and
 ``lax.sort`` elsewhere (``_sort``); then one scan over the sorted samples
 (sequential over cache-sized chunks on CPU, parallel prefix scans elsewhere)
 feeds every result (the curve of boolean correctness: one pass of two running
-counts). On CUDA GPUs, ``aurc`` and ``augrc`` of boolean correctness ("step",
-"trapezoid") read one byte per sorted sample in one Pallas kernel instead of
-the scans (``_group_areas``). The sort is most of the time on CPU, so the
+counts). On CUDA GPUs, ``aurc``, ``augrc``, ``eaurc`` and
+``risk_coverage_summary`` of boolean correctness ("step", "trapezoid") read
+one byte per sorted sample in one Pallas kernel and a few XLA reductions
+instead of the scans (``_group_areas``). The sort is most of the time on CPU, so the
 speed against NumPy and torch follows NumPy's sort
 (``benchmarks/bench_vs_numpy.py``, the README's speed section: ahead of both
 with NumPy's AVX2 sort, behind torch's parallel radix sort at n <= 1e6 where
@@ -466,28 +467,56 @@ def _per_backend(kernel, *args, cuda=None, **options):
 _by_platform = lax.platform_dependent
 
 
-def _areas_by_tiles(c, correct, *, convention):
-  """(AURC, AUGRC) of boolean outcomes on CUDA GPUs: the sort, then ``_group_areas``' kernel."""
+def _summary_by_tiles(c, correct, *, convention, with_eaurc):
+  """:func:`_summary_kernel` of boolean outcomes on CUDA GPUs: the sort, ``_group_areas``'
+  kernel for the areas, and for E-AURC XLA reductions of the same bytes (the errors among the
+  first m, the group starts after position m and at m + 1) and the oracle's closed sum."""
   n = c.shape[0]
   keys, errors = _sorted_outcomes(c, correct, keep_input_order=False, length=n + 1)
-  aurc_sum, augrc_sum = _group_areas.area_sums(_group_areas.flags(keys, errors, n),
-                                               convention=convention)
-  return aurc_sum / n, augrc_sum / n / n
+  byte = _group_areas.flags(keys, errors, n)
+  aurc_sum, augrc_sum = _group_areas.area_sums(byte, convention=convention)
+  aurc_value, augrc_value = aurc_sum / n, augrc_sum / n / n
+  if not with_eaurc:
+    return RiskCoverageSummary(aurc_value, augrc_value, jnp.float32(jnp.nan))
+  error, start = _group_areas.error_and_start(byte)
+  position = lax.iota(jnp.int32, byte.shape[0]) + 1  # past n: no error, no start
+  num_errors = jnp.sum(error)
+  m = n - num_errors  # number of correct samples
+  errors_first_m = jnp.sum(jnp.where(position <= m, error, 0))
+  starts_after_m = jnp.sum(jnp.where(position > m, start, 0))
+  start_at_m1 = jnp.sum(jnp.where(position == m + 1, start, 0))
+  if convention == "trapezoid":
+    error_rate = num_errors.astype(jnp.float32) / n
+    oracle = 0.5 * error_rate * error_rate  # all correct tied above all errors tied
+    optimal = (errors_first_m == 0) & (starts_after_m == 1) & (start_at_m1 == 1)
+  else:  # the optimal strict order: E_p = max(p - m, 0)
+    end = lax.iota(jnp.int32, n) + 1
+    oracle = jnp.sum(jnp.maximum(end - m, 0).astype(jnp.float32) / end.astype(jnp.float32)) / n
+    optimal = (errors_first_m == 0) & (starts_after_m == n - m)
+  trivial = (num_errors == 0) | (num_errors == n) | optimal
+  eaurc_value = jnp.where(trivial, jnp.float32(0.0), jnp.maximum(aurc_value - oracle, 0.0))
+  return RiskCoverageSummary(aurc_value, augrc_value, eaurc_value)
+
+
+def _summary_per_backend(c, correct, *, convention, with_eaurc):
+  """:func:`_summary_kernel` on every backend: ``_summary_by_tiles`` on CUDA GPUs where it
+  applies (boolean correctness, "step" or "trapezoid")."""
+  cuda = None
+  if (_group_areas.ENABLED and correct.dtype == jnp.bool_ and c.shape[0] >= 1
+      and convention in _group_areas.CONVENTIONS):
+    cuda = functools.partial(_summary_by_tiles, convention=convention, with_eaurc=with_eaurc)
+  return _per_backend(_summary_kernel, c, correct, cuda=cuda, convention=convention,
+                      with_eaurc=with_eaurc)
 
 
 @functools.partial(jax.jit, static_argnames=("convention",))
 def _summary_impl(c, correct, *, convention):
-  return _per_backend(_summary_kernel, c, correct, convention=convention, with_eaurc=True)
+  return _summary_per_backend(c, correct, convention=convention, with_eaurc=True)
 
 
 @functools.partial(jax.jit, static_argnames=("convention",))
 def _aurc_impl(c, correct, *, convention):
-  cuda = None
-  if (_group_areas.ENABLED and correct.dtype == jnp.bool_ and c.shape[0] >= 1
-      and convention in _group_areas.CONVENTIONS):
-    cuda = lambda c, k: RiskCoverageSummary(  # noqa: E731
-        *_areas_by_tiles(c, k, convention=convention), jnp.float32(jnp.nan))
-  s = _per_backend(_summary_kernel, c, correct, cuda=cuda, convention=convention, with_eaurc=False)
+  s = _summary_per_backend(c, correct, convention=convention, with_eaurc=False)
   return s.aurc, s.augrc
 
 

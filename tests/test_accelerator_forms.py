@@ -262,15 +262,17 @@ def _tile_case(rng, n, kind):
 
 @pytest.mark.parametrize("convention", ["step", "trapezoid"])
 def test_group_areas_equal_reference_across_tiles(convention, monkeypatch):
-  """``_group_areas``' kernel (interpreted) after the sort: the float64 reference's AURC and
-  AUGRC, and the CPU scan's, at sizes around its rows (32) and tiles (2048), with tie groups
-  inside rows, across rows and across tiles, every sample tied, and all correct or all wrong."""
+  """``_group_areas``' kernel (interpreted) after the sort, and E-AURC from the same bytes: the
+  float64 reference's AURC, AUGRC and E-AURC, and the CPU scan's, at sizes around its rows (32)
+  and tiles (2048), with tie groups inside rows, across rows and across tiles, every sample tied,
+  and all correct or all wrong; exactly 0 for an optimal order."""
   import functools
   from cwsa_jax import _group_areas
   from cwsa_jax import _risk_coverage as rc
   monkeypatch.setattr(_group_areas, "INTERPRET", True)
-  tiles = jax.jit(functools.partial(rc._areas_by_tiles, convention=convention))
-  scan = jax.jit(functools.partial(rc._summary_kernel, convention=convention, with_eaurc=False,
+  tiles = jax.jit(functools.partial(rc._summary_by_tiles, convention=convention,
+                                    with_eaurc=True))
+  scan = jax.jit(functools.partial(rc._summary_kernel, convention=convention, with_eaurc=True,
                                    sequential=True))
   rng = np.random.default_rng(17)
   cases = [(n, kind) for n in (1, 2, 31, 33, 2047, 2049, 6000)
@@ -280,17 +282,26 @@ def test_group_areas_equal_reference_across_tiles(convention, monkeypatch):
     if n == 2049:
       ok = np.ones(n, bool) if kind == "coarse" else (np.zeros(n, bool) if kind == "one" else ok)
     got = [float(x) for x in tiles(jnp.asarray(c), jnp.asarray(ok))]
-    want = [reference.aurc(c, ok, convention), reference.aurc(c, ok, convention, generalized=True)]
+    want = [reference.aurc(c, ok, convention), reference.aurc(c, ok, convention, generalized=True),
+            reference.eaurc(c, ok, convention)]
     cpu = scan(c, ok)
-    for g, w, x in zip(got, want, (cpu.aurc, cpu.augrc)):
-      assert g == pytest.approx(w, rel=2e-6, abs=1e-9), (n, kind)
-      assert g == pytest.approx(float(x), rel=2e-6, abs=1e-9), (n, kind)
+    for g, w, x in zip(got, want, cpu):
+      assert g == pytest.approx(w, rel=2e-6, abs=1e-7), (n, kind)
+      assert g == pytest.approx(float(x), rel=2e-6, abs=1e-7), (n, kind)
+    if not ok.all() and ok.any():  # an optimal order gives E-AURC exactly 0
+      if convention == "step":  # correct first, every error its own group
+        perfect = np.empty(n, np.float32)
+        perfect[np.argsort(ok, kind="stable")[::-1]] = np.linspace(1.0, 0.0, n)
+      else:  # all correct tied above all errors tied
+        perfect = ok.astype(np.float32)
+      assert float(tiles(jnp.asarray(perfect), jnp.asarray(ok)).eaurc) == 0.0, (n, kind)
+      assert float(scan(perfect, ok).eaurc) == 0.0, (n, kind)
 
 
 def test_aurc_cuda_form_equals_cpu_form(monkeypatch):
-  """The public AURC and AUGRC with the CUDA form (sort, then ``_group_areas``) forced, batched
-  rows included: the CPU form's values to float32 rounding; graded correctness and the
-  "published_code" convention keep the parallel scan."""
+  """The public AURC, AUGRC, E-AURC and summary with the CUDA form (sort, then
+  ``_group_areas``) forced, batched rows included: the CPU form's values to float32 rounding;
+  graded correctness and the "published_code" convention keep the parallel scan."""
   from cwsa_jax import _group_areas
   from cwsa_jax import _risk_coverage as rc
   monkeypatch.setattr(_group_areas, "INTERPRET", True)
@@ -300,6 +311,7 @@ def test_aurc_cuda_form_equals_cpu_form(monkeypatch):
   def kernels():
     return [cj.aurc(C, OK), cj.augrc(C, OK, convention="trapezoid"), cj.aurc(c2, ok2),
             jax.vmap(lambda c, k: cj.aurc(c, k, convention="trapezoid"))(c2, ok2),
+            *cj.risk_coverage_summary(C, OK), cj.eaurc(c2, ok2, convention="trapezoid"),
             cj.aurc(C, KAPPA), cj.aurc(C, OK, convention="published_code")]
 
   want = [np.asarray(x) for x in kernels()]
@@ -318,4 +330,4 @@ def test_aurc_cuda_form_equals_cpu_form(monkeypatch):
     jax.clear_caches()
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=2e-6, atol=1e-9)
-  assert used.count(True) == 4 and used.count(False) >= 2
+  assert used.count(True) == 6 and used.count(False) >= 2

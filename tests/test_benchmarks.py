@@ -294,7 +294,8 @@ def test_gpu_choices_quick_checks_every_form_exact(script_runs):
       "16": True, "32": True, "64": True}
   assert cases["sweep_64_models"]["public_equal"] is True
   assert all(cases[name]["equal"] is True
-             for name in ("sweep_T1000", "ece_mass", "aurc_step", "aurc_trapezoid", "curve"))
+             for name in ("sweep_T1000", "ece_mass", "aurc_step", "aurc_trapezoid", "eaurc_step",
+                          "summary_trapezoid", "curve"))
 
 
 @_SCRIPTS
