@@ -122,9 +122,27 @@ LAUNCH = {16: ("lanes", 128, 4, 3), 32: ("bits", 256, 4, 2), 64: ("bits", 256, 4
 FORM = None
 
 
-def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, form):
+def _step(c_ref, k_ref, i, *, first, n, block, unit):
+  """Step ``i``'s confidences, correctness and confidences as compared (NaN: below every row)."""
   from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU module, on use)
-  first = pl.program_id(1) * (block * steps)
+  start = i * block
+  # The last program's block runs past n: masked loads, and NaN (below no row) there.
+  valid = first + start + lax.broadcasted_iota(jnp.int32, (block,), 0) < n
+  c = plgpu.load(c_ref.at[pl.ds(start, block)], mask=valid, other=0.0)
+  k = plgpu.load(k_ref.at[pl.ds(start, block)], mask=valid, other=False)
+  if unit:  # confidences NaN or outside [0, 1] are left out, as on the scatter path
+    valid = valid & (c >= 0.0) & (c <= 1.0)
+  return c, k, jnp.where(valid, c, jnp.nan)
+
+
+def _units(c: jax.Array) -> jax.Array:
+  """``u = (1 - clip(c, 0, 1)) 2^24``, int32 in [0, 2^24]."""
+  return ((1.0 - jnp.minimum(jnp.maximum(c, 0.0), 1.0)) * 16777216.0).astype(jnp.int32)
+
+
+def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, form):
+  step = functools.partial(_step, c_ref, k_ref, first=pl.program_id(1) * (block * steps), n=n,
+                           block=block, unit=unit)
   rows = rows_ref[...]
   lane = lax.broadcasted_iota(jnp.int32, (1, _WIDTH), 1)
   shifts = jnp.zeros((1, _WIDTH), jnp.int32)
@@ -136,16 +154,8 @@ def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, form):
   one, zero = jnp.ones((), jnp.bfloat16), jnp.zeros((), jnp.bfloat16)
 
   def body(i, acc):
-    start = i * block
-    # The last program's block runs past n: masked loads, and NaN (below no row) there.
-    valid = first + start + lax.broadcasted_iota(jnp.int32, (block,), 0) < n
-    c = plgpu.load(c_ref.at[pl.ds(start, block)], mask=valid, other=0.0)
-    k = plgpu.load(k_ref.at[pl.ds(start, block)], mask=valid, other=False)
-    if unit:  # confidences NaN or outside [0, 1] are left out, as on the scatter path
-      valid = valid & (c >= 0.0) & (c <= 1.0)
-    compared = jnp.where(valid, c, jnp.nan)
-    clipped = jnp.minimum(jnp.maximum(c, 0.0), 1.0)
-    w = ((1.0 - clipped) * 16777216.0).astype(jnp.int32) | (1 << 25)
+    c, k, compared = step(i)
+    w = _units(c) | (1 << 25)
     source = jnp.where(times_correct, jnp.where(k, w, 0)[:, None], w[:, None])
     digits = lax.shift_right_logical(source, shifts) & masks
     if form == "bits":
@@ -163,34 +173,38 @@ def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, form):
   out_ref[...] = acc.astype(jnp.int32)
 
 
+def _lanes_columns(c: jax.Array, k: jax.Array) -> tuple[jax.Array, ...]:
+  """The lanes forms' five float32 columns: count + 1024 correct, u >> 12, u & 4095, the last
+  two times correct (integers, exact in float32 sums below 2^24)."""
+  u = _units(c)
+  hi, lo = (u >> 12).astype(jnp.float32), (u & 4095).astype(jnp.float32)
+  right = jnp.where(k, 1.0, 0.0)
+  return 1.0 + 1024.0 * right, hi, lo, right * hi, right * lo
+
+
+def _lanes_layout(counts, hi, lo, right_hi, right_lo) -> dict:
+  """The lanes forms' int32 sums by column of ``_kernel``'s digit layout (64 * 0 + sum).
+
+  Per thread at most ``steps`` < 1024 samples: count and correct count apart in one column.
+  """
+  return {0: counts & 1023, 2: hi, 4: lo, 5: counts >> 10, 7: right_hi, 9: right_lo}
+
+
 def _lanes_kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit):
-  from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU module, on use)
-  first = pl.program_id(1) * (block * steps)
+  step = functools.partial(_step, c_ref, k_ref, first=pl.program_id(1) * (block * steps), n=n,
+                           block=block, unit=unit)
   rows = rows_ref[...]
 
   def body(i, acc):
-    start = i * block
-    valid = first + start + lax.broadcasted_iota(jnp.int32, (block,), 0) < n
-    c = plgpu.load(c_ref.at[pl.ds(start, block)], mask=valid, other=0.0)
-    k = plgpu.load(k_ref.at[pl.ds(start, block)], mask=valid, other=False)
-    if unit:
-      valid = valid & (c >= 0.0) & (c <= 1.0)
-    compared = jnp.where(valid, c, jnp.nan)
-    u = ((1.0 - jnp.minimum(jnp.maximum(c, 0.0), 1.0)) * 16777216.0).astype(jnp.int32)
-    hi, lo = (u >> 12).astype(jnp.float32), (u & 4095).astype(jnp.float32)
-    right = jnp.where(k, 1.0, 0.0)
-    columns = (1.0 + 1024.0 * right, hi, lo, right * hi, right * lo)
+    c, k, compared = step(i)
     above = jnp.where(rows[:, None] <= compared[None, :], 1.0, 0.0)  # [R, block]
-    return tuple(a + above * x[None, :] for a, x in zip(acc, columns))
+    return tuple(a + above * x[None, :] for a, x in zip(acc, _lanes_columns(c, k)))
 
   zeros = jnp.zeros((rows.shape[0], block), jnp.float32)
-  counts, hi, lo, right_hi, right_lo = (
-      a.astype(jnp.int32) for a in lax.fori_loop(0, steps, body, (zeros,) * 5))
-  # Per thread at most `steps` < 1024 samples: count and correct count apart in one column.
-  columns = {0: counts & 1023, 2: hi, 4: lo, 5: counts >> 10, 7: right_hi, 9: right_lo}
+  acc = lax.fori_loop(0, steps, body, (zeros,) * 5)
   lane = lax.broadcasted_iota(jnp.int32, (1, _WIDTH), 1)
   out = jnp.zeros((rows.shape[0], _WIDTH), jnp.int32)
-  for j, x in columns.items():  # the layout of _kernel's digit columns (64 * 0 + sum)
+  for j, x in _lanes_layout(*(a.astype(jnp.int32) for a in acc)).items():
     out = jnp.where(lane == j, jnp.sum(x, axis=1)[:, None], out)
   out_ref[...] = out
 
@@ -198,22 +212,13 @@ def _lanes_kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit):
 def _rows_kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, num_rows):
   """The "lanes" sums with one 1-D accumulator per row and column (rows unrolled): every
   thread computes its samples' columns once, whatever the number of rows."""
-  from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU module, on use)
-  first = pl.program_id(1) * (block * steps)
+  step = functools.partial(_step, c_ref, k_ref, first=pl.program_id(1) * (block * steps), n=n,
+                           block=block, unit=unit)
   thresholds = [rows_ref[r] for r in range(num_rows)]  # this program's group of rows
 
   def body(i, acc):
-    start = i * block
-    valid = first + start + lax.broadcasted_iota(jnp.int32, (block,), 0) < n
-    c = plgpu.load(c_ref.at[pl.ds(start, block)], mask=valid, other=0.0)
-    k = plgpu.load(k_ref.at[pl.ds(start, block)], mask=valid, other=False)
-    if unit:
-      valid = valid & (c >= 0.0) & (c <= 1.0)
-    compared = jnp.where(valid, c, jnp.nan)
-    u = ((1.0 - jnp.minimum(jnp.maximum(c, 0.0), 1.0)) * 16777216.0).astype(jnp.int32)
-    hi, lo = (u >> 12).astype(jnp.float32), (u & 4095).astype(jnp.float32)
-    right = jnp.where(k, 1.0, 0.0)
-    columns = (1.0 + 1024.0 * right, hi, lo, right * hi, right * lo)
+    c, k, compared = step(i)
+    columns = _lanes_columns(c, k)
     out = []
     for r, threshold in enumerate(thresholds):
       above = jnp.where(compared >= threshold, 1.0, 0.0)
@@ -226,9 +231,7 @@ def _rows_kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, num_
   lane = lax.broadcasted_iota(jnp.int32, (num_rows, _WIDTH), 1)
   out = jnp.zeros((num_rows, _WIDTH), jnp.int32)
   for r in range(num_rows):
-    counts, hi, lo, right_hi, right_lo = (a.astype(jnp.int32) for a in acc[5 * r:5 * r + 5])
-    columns = {0: counts & 1023, 2: hi, 4: lo, 5: counts >> 10, 7: right_hi, 9: right_lo}
-    for j, x in columns.items():
+    for j, x in _lanes_layout(*(a.astype(jnp.int32) for a in acc[5 * r:5 * r + 5])).items():
       out = jnp.where((row == r) & (lane == j), jnp.sum(x), out)
   out_ref[...] = out
 
