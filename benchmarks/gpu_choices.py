@@ -4,14 +4,16 @@ Usage: python benchmarks/gpu_choices.py [--n 1e8] [--out FILE] [--repeats 10]
        python benchmarks/gpu_choices.py --quick     (small n, Pallas' interpreter: runs on a CPU)
 
 For a sweep of T = 10, 20 and 50 thresholds (16, 32 and 64 mask rows) and the
-15 equal-width bins of the ECE, on ``c ~ U(0.3, 1)`` float32 and ``correct ~ Bernoulli(c)``:
+15 equal-width bins of the ECE, on ``c ~ U(0.3, 1)`` float32 and
+``correct ~ Bernoulli(c)``:
 
 * the exact per-bucket sums of the scatter path (``_exact.segment_sums``, as
   on every backend before ``_dense``) and of the dense kernels in several
   launches (form, samples per step, warps, pipeline stages: :data:`CONFIGS`),
   each checked equal to the scatter path's integers, bit for bit, before
-  timing; the fastest exact launch of each mask height is written to the
-  JSON's ``launch`` (``accelerator.py --launch`` applies it) and used by
+  timing; the fastest exact launch of each mask height (in the first case of
+  that height) is written to the JSON's ``launch`` (``accelerator.py
+  --launch`` applies it) and used by
 * the public ``sweep`` / ``ece`` with the dense kernel on and off (each
   compiled ahead of time with ``_dense.ENABLED`` set), results compared;
 * one read of the inputs (``jnp.sum``), the floor of any kernel;
@@ -55,7 +57,7 @@ from _common import environment, interleaved_times, summarize, write_json_atomic
 import cwsa_jax as cj  # noqa: E402
 from cwsa_jax import _calibration, _dense, _group_areas, _sweep  # noqa: E402
 
-# Launches of the dense kernels tried per mask height R (16 or 64 rows): (form, samples per
+# Launches of the dense kernels tried per mask height R (16, 32 or 64 rows): (form, samples per
 # step, warps, pipeline stages); the library's (``_dense.LAUNCH``) is always tried first.
 # (An H100 run of d125930, results/benchmarks/gpu_choices-d125930.json, also tried int8
 # operands and correctness on the mask side, and 512-2048 samples per step with 8 warps: all
