@@ -77,10 +77,10 @@ def applies(confidences: jax.Array, correct: jax.Array, num_buckets: int) -> boo
   scatter path: the kernel has not been run on a GPU there.
   """
   return (ENABLED and correct.dtype == jnp.bool_ and confidences.shape[-1] >= 1
-          and 2 <= num_buckets <= MAX_BUCKETS and not _manual_axes(confidences)[1])
+          and 2 <= num_buckets <= MAX_BUCKETS and not manual_axes(confidences)[1])
 
 
-def _manual_axes(x: jax.Array) -> tuple[str, frozenset]:
+def manual_axes(x: jax.Array) -> tuple[str, frozenset]:
   """The name of the aval field holding ``x``'s manual mesh axes, and the axes it varies over."""
   aval = jax.typeof(x)
   mat = getattr(aval, "manual_axis_type", None)  # the field's name differs between jax versions
@@ -242,7 +242,7 @@ _TARGET_PROGRAMS = 1024
 
 def _output_like(like: jax.Array, shape: tuple[int, ...]) -> jax.ShapeDtypeStruct:
   """int32 ``shape`` with ``like``'s manual mesh axes (which ``shard_map`` checks)."""
-  name, _ = _manual_axes(like)
+  name, _ = manual_axes(like)
   value = getattr(jax.typeof(like), name, None)
   return jax.ShapeDtypeStruct(shape, jnp.int32, **({} if value is None else {name: value}))
 

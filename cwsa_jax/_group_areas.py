@@ -42,6 +42,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from cwsa_jax import _dense
+
 # Samples per tile: _ROWS rows of 32 (one int32 of bits per row).
 _COLUMNS = 32
 _ROWS = 64
@@ -56,6 +58,16 @@ ENABLED = True
 # Bits of a sample's byte: its error (bit 0), and whether it starts (bit 1) or ends (bit 2)
 # a tie group.
 _START_SHIFT, _END_SHIFT = 1, 2
+
+
+def applies(confidences: jax.Array, correct: jax.Array, convention: str) -> bool:
+  """Whether the CUDA form takes these samples (static: dtype, length, convention, mesh axes).
+
+  Samples that vary over the mesh axes of an enclosing ``shard_map`` keep the
+  scans, as in ``_dense``: the kernel has not been run on a GPU there.
+  """
+  return (ENABLED and correct.dtype == jnp.bool_ and confidences.shape[-1] >= 1
+          and convention in CONVENTIONS and not _dense.manual_axes(confidences)[1])
 
 
 def flags(keys: jax.Array, errors: jax.Array, n: int) -> jax.Array:

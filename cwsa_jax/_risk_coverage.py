@@ -502,8 +502,7 @@ def _summary_per_backend(c, correct, *, convention, with_eaurc):
   """:func:`_summary_kernel` on every backend: ``_summary_by_tiles`` on CUDA GPUs where it
   applies (boolean correctness, "step" or "trapezoid")."""
   cuda = None
-  if (_group_areas.ENABLED and correct.dtype == jnp.bool_ and c.shape[0] >= 1
-      and convention in _group_areas.CONVENTIONS):
+  if _group_areas.applies(c, correct, convention):
     cuda = functools.partial(_summary_by_tiles, convention=convention, with_eaurc=with_eaurc)
   return _per_backend(_summary_kernel, c, correct, cuda=cuda, convention=convention,
                       with_eaurc=with_eaurc)

@@ -331,3 +331,23 @@ def test_aurc_cuda_form_equals_cpu_form(monkeypatch):
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=2e-6, atol=1e-9)
   assert used.count(True) == 6 and used.count(False) >= 2
+
+
+def test_group_areas_not_offered_inside_shard_map():
+  """Samples that vary over an enclosing ``shard_map``'s mesh axes keep the XLA scans on CUDA (as
+  ``_dense`` does): ``_group_areas.applies`` is false there, true for the same samples outside."""
+  from jax.sharding import PartitionSpec as P
+  from cwsa_jax import _group_areas
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+  seen = []
+
+  def local(c, k):
+    seen.append(_group_areas.applies(c, k, "step"))
+    return c
+
+  jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P("data"),) * 2, out_specs=P("data")))(
+      C[:64], OK[:64])
+  jax.jit(local)(C[:64], OK[:64])
+  assert seen == [False, True]
+  assert not _group_areas.applies(jnp.asarray(C[:64]), jnp.asarray(KAPPA[:64]), "step")
+  assert not _group_areas.applies(jnp.asarray(C[:64]), jnp.asarray(OK[:64]), "published_code")
