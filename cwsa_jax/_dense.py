@@ -105,12 +105,12 @@ _MASKS = (1, 127, 63, 63, 63) * 2 + (0,) * (_WIDTH - _USED)
 #              taken off the others;
 #   "lanes":   no product (_lanes_kernel): per thread, float32 accumulators of the mask times
 #              each column (count + 1024 correct, u >> 12, u & 4095 and the last two times
-#              correct), at most LANES_MAX_ROWS rows.
+#              correct), at most LANES_MAX_ROWS rows;
+#   "unrolled": "lanes" with the rows unrolled (_rows_kernel): one 1-D accumulator per row and
+#              column, so each thread computes its samples' columns once (a [R, block] tensor
+#              may spread a sample's rows over threads that each recompute its columns).
 # (int8 operands with int32 accumulation, and correctness on the mask side with two products
 # of 8 columns, were measured slower on an H100: results/benchmarks/gpu_choices-d125930.json.)
-#   "unrolled": "lanes" with the rows unrolled: one 1-D accumulator per row and column, so
-#              each thread computes its samples' columns once (a [R, block] tensor may spread
-#              a sample's rows over threads that each recompute its columns).
 FORMS = ("rows", "samples", "bits", "lanes", "unrolled")
 _LANES_FORMS = ("lanes", "unrolled")
 LANES_MAX_ROWS = 32

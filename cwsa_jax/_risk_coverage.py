@@ -394,9 +394,8 @@ def _published_binary(c, correct, *, with_eaurc):
   m = n - num_errors  # number of correct samples
   oracle = trapezoid(jnp.maximum(positionf - m.astype(jnp.float32), 0.0))[0] / n
   errors_first_m = jnp.where(m > 0, cum[jnp.maximum(m - 1, 0)], 0)
-  trivial = (num_errors == 0) | (num_errors == n) | (errors_first_m == 0)
-  eaurc_value = jnp.where(trivial, jnp.float32(0.0), jnp.maximum(aurc_value - oracle, 0.0))
-  return RiskCoverageSummary(aurc_value, augrc_value, eaurc_value)
+  return RiskCoverageSummary(aurc_value, augrc_value, _eaurc(
+      aurc_value, n, num_errors, errors_first_m, None, None, "published_code", oracle))
 
 
 def _summary_kernel(c, correct, *, convention, sequential, with_eaurc):
@@ -439,19 +438,32 @@ def _summary_kernel(c, correct, *, convention, sequential, with_eaurc):
   aurc_value, augrc_value = total[0] / n, total[1] / n / n
   if not with_eaurc:
     return RiskCoverageSummary(aurc_value, augrc_value, jnp.float32(jnp.nan))
-  errors_first_m, starts_after_m, start_at_m1 = counts[0], counts[1], counts[2]
+  oracle = None if convention == "trapezoid" else total[2] / n
+  return RiskCoverageSummary(aurc_value, augrc_value,
+                             _eaurc(aurc_value, n, num_errors, *counts, convention, oracle))
+
+
+def _eaurc(aurc_value, n, num_errors, errors_first_m, starts_after_m, start_at_m1, convention,
+           oracle):
+  """E-AURC ``max(AURC - oracle, 0)``, exactly 0 for one class or an optimal order.
+
+  The order is optimal when no error is among the first m = #correct positions
+  and, for "step", every error is its own tie group (``starts_after_m`` = n - m)
+  or, for "trapezoid", all errors are one tie group starting at m + 1. ``oracle``
+  is the optimal order's AURC, except for "trapezoid", where it is
+  ``(E / n)^2 / 2`` (all correct tied above all errors tied).
+  """
+  m = n - num_errors
   if convention == "trapezoid":
     error_rate = num_errors.astype(jnp.float32) / n
-    oracle = 0.5 * error_rate * error_rate  # all correct tied above all errors tied
+    oracle = 0.5 * error_rate * error_rate
     optimal = (errors_first_m == 0) & (starts_after_m == 1) & (start_at_m1 == 1)
   else:
-    oracle = total[2] / n
     optimal = errors_first_m == 0
     if convention == "step":
       optimal &= starts_after_m == n - m
   trivial = (num_errors == 0) | (num_errors == n) | optimal
-  eaurc_value = jnp.where(trivial, jnp.float32(0.0), jnp.maximum(aurc_value - oracle, 0.0))
-  return RiskCoverageSummary(aurc_value, augrc_value, eaurc_value)
+  return jnp.where(trivial, jnp.float32(0.0), jnp.maximum(aurc_value - oracle, 0.0))
 
 
 def _per_backend(kernel, *args, cuda=None, **options):
@@ -482,20 +494,15 @@ def _summary_by_tiles(c, correct, *, convention, with_eaurc):
   position = lax.iota(jnp.int32, byte.shape[0]) + 1  # past n: no error, no start
   num_errors = jnp.sum(error)
   m = n - num_errors  # number of correct samples
-  errors_first_m = jnp.sum(jnp.where(position <= m, error, 0))
-  starts_after_m = jnp.sum(jnp.where(position > m, start, 0))
-  start_at_m1 = jnp.sum(jnp.where(position == m + 1, start, 0))
-  if convention == "trapezoid":
-    error_rate = num_errors.astype(jnp.float32) / n
-    oracle = 0.5 * error_rate * error_rate  # all correct tied above all errors tied
-    optimal = (errors_first_m == 0) & (starts_after_m == 1) & (start_at_m1 == 1)
-  else:  # the optimal strict order: E_p = max(p - m, 0)
+  counts = (jnp.sum(jnp.where(position <= m, error, 0)),  # errors among the first m
+            jnp.sum(jnp.where(position > m, start, 0)),  # tie groups starting after m
+            jnp.sum(jnp.where(position == m + 1, start, 0)))  # one starts at m + 1
+  oracle = None
+  if convention == "step":  # the optimal strict order: E_p = max(p - m, 0)
     end = lax.iota(jnp.int32, n) + 1
     oracle = jnp.sum(jnp.maximum(end - m, 0).astype(jnp.float32) / end.astype(jnp.float32)) / n
-    optimal = (errors_first_m == 0) & (starts_after_m == n - m)
-  trivial = (num_errors == 0) | (num_errors == n) | optimal
-  eaurc_value = jnp.where(trivial, jnp.float32(0.0), jnp.maximum(aurc_value - oracle, 0.0))
-  return RiskCoverageSummary(aurc_value, augrc_value, eaurc_value)
+  return RiskCoverageSummary(aurc_value, augrc_value,
+                             _eaurc(aurc_value, n, num_errors, *counts, convention, oracle))
 
 
 def _summary_per_backend(c, correct, *, convention, with_eaurc):
