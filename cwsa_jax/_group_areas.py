@@ -109,7 +109,7 @@ def _kernel(byte_ref, carry_ref, aurc_ref, augrc_ref, *, convention):
   pick = lambda j: jnp.sum(jnp.where(lane == j, carry, 0))  # noqa: E731 (no scalar indexing)
   errors_in, start_in, before_in = pick(0), pick(1), pick(2)
   byte = byte_ref[...].astype(jnp.int32)  # [_ROWS, 32]
-  error, start, end = byte & 1, (byte >> _START_SHIFT) & 1, (byte >> _END_SHIFT) & 1
+  (error, start), end = error_and_start(byte), (byte >> _END_SHIFT) & 1
   column = lax.broadcasted_iota(jnp.int32, (_ROWS, _COLUMNS), 1)
   row = lax.broadcasted_iota(jnp.int32, (_ROWS, _COLUMNS), 0)
   row_first = tile * TILE + lax.broadcasted_iota(jnp.int32, (_ROWS,), 0) * _COLUMNS + 1
