@@ -55,7 +55,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from cwsa_jax import _exact
+from cwsa_jax import _exact, _mesh
 
 # Buckets (T + 1) the dense kernel handles: its mask has at most 64 rows.
 MAX_BUCKETS = 64
@@ -77,16 +77,7 @@ def applies(confidences: jax.Array, correct: jax.Array, num_buckets: int) -> boo
   scatter path: the kernel has not been run on a GPU there.
   """
   return (ENABLED and correct.dtype == jnp.bool_ and confidences.shape[-1] >= 1
-          and 2 <= num_buckets <= MAX_BUCKETS and not manual_axes(confidences)[1])
-
-
-def manual_axes(x: jax.Array) -> tuple[str, frozenset]:
-  """The name of the aval field holding ``x``'s manual mesh axes, and the axes it varies over."""
-  aval = jax.typeof(x)
-  mat = getattr(aval, "manual_axis_type", None)  # the field's name differs between jax versions
-  if mat is not None:
-    return "manual_axis_type", frozenset(getattr(mat, "varying", ()))
-  return "vma", frozenset(getattr(aval, "vma", ()))
+          and 2 <= num_buckets <= MAX_BUCKETS and not _mesh.manual_axes(confidences)[1])
 
 
 def _num_rows(num_buckets: int) -> int:
@@ -242,7 +233,7 @@ _TARGET_PROGRAMS = 1024
 
 def _output_like(like: jax.Array, shape: tuple[int, ...]) -> jax.ShapeDtypeStruct:
   """int32 ``shape`` with ``like``'s manual mesh axes (which ``shard_map`` checks)."""
-  name, _ = manual_axes(like)
+  name, _ = _mesh.manual_axes(like)
   value = getattr(jax.typeof(like), name, None)
   return jax.ShapeDtypeStruct(shape, jnp.int32, **({} if value is None else {name: value}))
 

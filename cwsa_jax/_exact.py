@@ -42,6 +42,8 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
+from cwsa_jax import _mesh
+
 _DIGIT_BASE = 256.0
 _CARRY_BITS = 12
 _CARRY_MASK = (1 << _CARRY_BITS) - 1
@@ -302,7 +304,7 @@ def _chunk_loop(columns_fn, *arrays, num_segments, num_chunks, size, with_offset
       lambda *a: columns_fn(*a)[1],
       *[jax.ShapeDtypeStruct((size,) + a.shape[1:], a.dtype) for a in arrays],
       *[jax.ShapeDtypeStruct((), jnp.int32) for _ in range(with_offset)]).shape[0]
-  zeros = jnp.zeros((num_segments, k), dtype=jnp.int32)
+  zeros = _mesh.vary_like(jnp.zeros((num_segments, k), dtype=jnp.int32), arrays)
   return jax.lax.fori_loop(0, num_chunks, body, (zeros, zeros))
 
 

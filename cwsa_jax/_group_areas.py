@@ -42,7 +42,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from cwsa_jax import _dense
+from cwsa_jax import _dense, _mesh
 
 # Samples per tile: _ROWS rows of 32 (one int32 of bits per row).
 _COLUMNS = 32
@@ -67,7 +67,7 @@ def applies(confidences: jax.Array, correct: jax.Array, convention: str) -> bool
   scans, as in ``_dense``: the kernel has not been run on a GPU there.
   """
   return (ENABLED and correct.dtype == jnp.bool_ and confidences.shape[-1] >= 1
-          and convention in CONVENTIONS and not _dense.manual_axes(confidences)[1])
+          and convention in CONVENTIONS and not _mesh.manual_axes(confidences)[1])
 
 
 def flags(keys: jax.Array, errors: jax.Array, n: int) -> jax.Array:

@@ -74,6 +74,7 @@ import numpy as np
 from jax import lax
 
 from cwsa_jax import _group_areas
+from cwsa_jax import _mesh
 from cwsa_jax import _sort
 from cwsa_jax import _validation
 
@@ -318,6 +319,7 @@ def _scan_groups(keys: jax.Array, losses: jax.Array, reduce, init, *, chunk: int
     carry, out = scan(slice_(keys), slice_(losses), carry)
     return carry, reduce(acc, _Slots(k, *out), i)
 
+  carry, init = _mesh.vary_like((carry, init), keys, losses)
   num_chunks = losses.shape[0] // chunk
   if num_chunks == 1:
     return body(0, (carry, init))[1]
@@ -706,7 +708,7 @@ def _curve_binary_sequential(c, correct):
     carry = (carry[0] + x[0], carry[1] + x[1])
     return carry, carry
 
-  zero = jnp.zeros((), jnp.int32)
+  zero = _mesh.vary_like(jnp.zeros((), jnp.int32), errors)
   _, (cum, groups) = lax.scan(step, (zero, zero), (errors[:n], is_end), unroll=8)
   position = lax.iota(jnp.int32, n)
   slot = jnp.where(is_end == 1, groups - 1, n)  # n: not an end, dropped

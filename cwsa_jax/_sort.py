@@ -41,6 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from cwsa_jax import _mesh
+
 try:  # in-place host callbacks (newer JAX): no copies of the data in or out
   from jax.experimental.buffer_callback import buffer_callback as _buffer_callback
 except ImportError:  # pragma: no cover - older JAX: jax.pure_callback
@@ -54,7 +56,9 @@ def _host(fill, result_shapes, *args, aliases=None):
   An output aliased to an input (``aliases``: {input index: output index})
   arrives holding that input. With ``jax.experimental.buffer_callback``
   (newer JAX) the views are XLA's own buffers, so nothing is copied;
-  otherwise ``jax.pure_callback`` copies the data in and out.
+  otherwise ``jax.pure_callback`` copies the data in and out. Inside a
+  ``shard_map`` the outputs vary over the inputs' manual mesh axes, as
+  the ``lax.sort`` branch's do.
   """
   aliases = aliases or {}
   shapes = result_shapes if isinstance(result_shapes, tuple) else (result_shapes,)
@@ -63,8 +67,8 @@ def _host(fill, result_shapes, *args, aliases=None):
       del ctx
       outs = out if isinstance(out, (tuple, list)) else (out,)
       fill([np.asarray(o) for o in outs], *(np.asarray(x) for x in ins))
-    return _buffer_callback(callback, result_shapes, vmap_method="expand_dims",
-                            input_output_aliases=aliases)(*args)
+    return _mesh.vary_like(_buffer_callback(callback, result_shapes, vmap_method="expand_dims",
+                                            input_output_aliases=aliases)(*args), args)
 
   def function(*ins):
     ins = [np.asarray(x) for x in ins]
@@ -75,7 +79,8 @@ def _host(fill, result_shapes, *args, aliases=None):
     fill(outs, *ins)
     return tuple(outs) if isinstance(result_shapes, tuple) else outs[0]
 
-  return jax.pure_callback(function, result_shapes, *args, vmap_method="expand_dims")
+  return _mesh.vary_like(
+      jax.pure_callback(function, result_shapes, *args, vmap_method="expand_dims"), args)
 
 
 def _per_backend(host, device, *args, **static):
@@ -287,7 +292,7 @@ def stable_flag_counts(keys: jax.Array, flags: jax.Array) -> jax.Array:
 def _sequential_cumsum(x: jax.Array, axis: int) -> jax.Array:
   x = jnp.moveaxis(x, axis, 0)
   step = lambda carry, v: (carry + v, carry + v)
-  _, out = lax.scan(step, jnp.zeros(x.shape[1:], x.dtype), x, unroll=8)
+  _, out = lax.scan(step, _mesh.vary_like(jnp.zeros(x.shape[1:], x.dtype), x), x, unroll=8)
   return jnp.moveaxis(out, 0, axis)
 
 

@@ -39,6 +39,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from cwsa_jax import _mesh
 from cwsa_jax import _validation
 
 DEFAULT_BOUNDS = (1e-4, 1e4)
@@ -87,8 +88,8 @@ def _fit_log_inverse_temperature(logits: jax.Array, labels: jax.Array, log_beta_
     return low, high, new_v, new_v - v, best, best_abs_slope
 
   middle = 0.5 * (log_beta_low + log_beta_high)
-  init = (log_beta_low, log_beta_high, middle, log_beta_high - log_beta_low, middle,
-          jnp.asarray(jnp.inf, log_beta_low.dtype))
+  init = _mesh.vary_like((log_beta_low, log_beta_high, middle, log_beta_high - log_beta_low,
+                          middle, jnp.asarray(jnp.inf, log_beta_low.dtype)), logits)
   root = jax.lax.fori_loop(0, _NUM_ITERATIONS, step, init)[4]
   # No sign change in the bracket: the NLL is monotone there; take the better end.
   root = jnp.where(slope_high <= 0, log_beta_high, root)

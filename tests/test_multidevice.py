@@ -9,6 +9,7 @@ HERE = os.path.dirname(__file__)
 
 
 def test_sharded_sweep_and_psum_states_equal_one_pass():
+  """Sharded inputs and psum-ed states equal one pass; every public metric works per shard."""
   env = dict(os.environ)
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
   env["JAX_PLATFORMS"] = "cpu"
@@ -16,6 +17,6 @@ def test_sharded_sweep_and_psum_states_equal_one_pass():
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   checks = json.loads(proc.stdout.strip().splitlines()[-1])
-  assert len(checks) == 8
+  assert len(checks) == 8 + 17
   failed = [name for name, ok in checks.items() if not ok]
-  assert not failed, f"failed checks: {failed}"
+  assert not failed, f"failed checks: {failed}\n{proc.stderr[-3000:]}"
