@@ -59,6 +59,7 @@ from jax import lax
 
 from cwsa_jax import _calibration
 from cwsa_jax import _exact
+from cwsa_jax import _mesh
 from cwsa_jax import _risk_coverage
 from cwsa_jax import _stats
 from cwsa_jax import _sweep
@@ -517,6 +518,7 @@ def _check_common(key: Any, num_resamples: Any, chunk_size: Any, n: int):
 
 # --- public API -------------------------------------------------------------
 
+@_mesh.explicit_as_auto
 def bootstrap_samples(fn: Callable, confidences, correct, *, key, num_resamples: int = 1000,
                       chunk_size: int | None = None):
   """The B resampled values theta*_b = fn(c[I_b], kappa[I_b]) of a metric.
@@ -550,6 +552,7 @@ def bootstrap_samples(fn: Callable, confidences, correct, *, key, num_resamples:
                      num_resamples, chunk_size, c.shape[0])
 
 
+@_mesh.explicit_as_auto
 def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int = 1000,
                  level: float = 0.95, chunk_size: int | None = None) -> BootstrapResult:
   """Percentile bootstrap confidence interval of any metric, including a whole sweep.
@@ -644,6 +647,7 @@ def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int 
   return BootstrapResult(estimate, *_interval_jit(samples, jnp.float32(level)))
 
 
+@_mesh.explicit_as_auto
 def paired_bootstrap(fn: Callable, confidences_a, correct_a, confidences_b, correct_b, *, key,
                      num_resamples: int = 1000, level: float = 0.95,
                      chunk_size: int | None = None) -> PairedBootstrapResult:
@@ -795,6 +799,7 @@ def _sweep_options(fn: Callable) -> tuple[jax.Array, str] | None:
   return _validation.as_thresholds(keywords["thresholds"]), keywords.get("normalize", "retained")
 
 
+@_mesh.explicit_as_auto
 def bootstrap_sweep(confidences, correct, thresholds, *, key, num_resamples: int = 1000,
                     level: float = 0.95, chunk_size: int | None = None,
                     normalize: str = "retained") -> BootstrapResult:

@@ -115,6 +115,7 @@ def _check_bounds(bounds: Any) -> tuple[float, float]:
   return low, high
 
 
+@_mesh.explicit_as_auto
 def fit_temperature(logits: Any, labels: Any, *,
                     bounds: tuple[float, float] = DEFAULT_BOUNDS) -> jax.Array:
   """The temperature T minimising the mean NLL of softmax(logits / T) (temperature scaling).

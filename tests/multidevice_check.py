@@ -70,6 +70,7 @@ def main() -> None:
                               mesh=explicit, in_specs=(P("data"),) * 3, out_specs=P()))
   checks["sweep_state_psum_explicit_mesh"] = bool(np.array_equal(efn(*es).hi, single.hi))
   checks.update(_per_shard_checks(mesh))
+  checks.update(_explicit_checks(explicit))
   print(json.dumps(checks))
 
 
@@ -104,6 +105,61 @@ def _per_shard_metrics():
   }
 
 
+def _sample_arrays():
+  """Samples with ties (within and across shards), groups, logits and labels; n divisible by 4."""
+  import numpy as np
+
+  rng = np.random.default_rng(1)
+  n = 4 * 500
+  c = rng.uniform(0, 1, n).astype(np.float32)
+  c[::7] = 0.5
+  k = rng.uniform(size=n) < c
+  g = rng.integers(0, 3, n).astype(np.int32)
+  logits = rng.normal(size=(n, 5)).astype(np.float32)
+  y = rng.integers(0, 5, n).astype(np.int32)
+  return c, k, g, logits, y
+
+
+def _same(out, ref) -> bool:
+  import jax
+  import numpy as np
+
+  out, ref = jax.tree.leaves(out), jax.tree.leaves(ref)
+  return len(out) == len(ref) and all(
+      np.allclose(np.asarray(o), np.asarray(r), rtol=1e-6, atol=1e-7, equal_nan=True)
+      for o, r in zip(out, ref))
+
+
+def _explicit_checks(mesh) -> dict:
+  """Each public metric on arrays sharded over an Explicit mesh axis: eager, eager under
+  ``jax.set_mesh``, and inside jit.
+
+  Equal to the call on unsharded arrays (XLA partitions the work; results are
+  replicated). A failure prints its error to stderr.
+  """
+  import traceback
+
+  import jax
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  args = _sample_arrays()
+  sharded = [jax.device_put(a, NamedSharding(mesh, P("data"))) for a in args]
+  checks = {}
+  for name, fn in _per_shard_metrics().items():
+    try:
+      ref = fn(*args)
+      with jax.set_mesh(mesh):
+        in_context = _same(fn(*sharded), ref)
+      # (jax.grad of an eager call needs the mesh context for its backward pass: JAX says so.)
+      eager = name == "soft_cwsa_grad" or _same(fn(*sharded), ref)
+      checks[f"explicit_{name}"] = in_context and eager and _same(jax.jit(fn)(*sharded), ref)
+    except Exception:  # reported as a failed check
+      traceback.print_exc()
+      checks[f"explicit_{name}"] = False
+  return checks
+
+
 def _per_shard_checks(mesh) -> dict:
   """Each public metric inside a shard_map on per-shard samples equals the same call on that shard.
 
@@ -118,15 +174,7 @@ def _per_shard_checks(mesh) -> dict:
   import numpy as np
   from jax.sharding import PartitionSpec as P
 
-  rng = np.random.default_rng(1)
-  n = 4 * 500
-  c = rng.uniform(0, 1, n).astype(np.float32)
-  c[::7] = 0.5  # ties, within and across shards
-  k = rng.uniform(size=n) < c
-  g = rng.integers(0, 3, n).astype(np.int32)
-  logits = rng.normal(size=(n, 5)).astype(np.float32)
-  y = rng.integers(0, 5, n).astype(np.int32)
-  args = (c, k, g, logits, y)
+  args = _sample_arrays()
   checks = {}
   for name, fn in _per_shard_metrics().items():
     def local(*a, fn=fn):
@@ -135,9 +183,7 @@ def _per_shard_checks(mesh) -> dict:
       out = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P("data"),) * 5,
                                   out_specs=P("data")))(*args)
       shards = [local(*(a[i * 500:(i + 1) * 500] for a in args)) for i in range(4)]
-      checks[f"per_shard_{name}"] = all(
-          np.allclose(np.asarray(o), np.concatenate([np.asarray(s[j]) for s in shards]),
-                      rtol=1e-6, atol=1e-7, equal_nan=True) for j, o in enumerate(out))
+      checks[f"per_shard_{name}"] = _same(out, [np.concatenate(s) for s in zip(*shards)])
     except Exception:  # reported as a failed check
       traceback.print_exc()
       checks[f"per_shard_{name}"] = False
