@@ -1,7 +1,7 @@
 """Every cwsa-jax kernel on a GPU: time, bytes read per second against the device's bandwidth, AURC against one sort.
 
 Usage: benchmarks/accelerator.sh [--quick] [--sizes N,...] [--only KERNEL,...] [--out FILE]
-       [--check-max-n 1e7] [--deadline-s 280]
+       [--check-max-n 1e7] [--deadline-s 280] [--case-limit-s 90]
 (or python benchmarks/accelerator.py with the repository root on PYTHONPATH)
 
 What is measured, for n in {1e8, 1e7, 1e6} (largest first, so the goals run
@@ -29,7 +29,8 @@ float64 NumPy baselines (the time of that one NumPy call on this host's CPU
 is recorded as ``numpy_cpu_single_call_s``: one run, for orientation only).
 The JSON (device name, spec bandwidth, every row) is rewritten after each row,
 so a run stopped early keeps what it measured; a case that would start after
-``--deadline-s`` is skipped and listed. ``--quick`` (small n) runs on a CPU
+``--deadline-s`` is skipped and listed, and a case still running after
+``--case-limit-s`` (a kernel that hangs) is listed and ends the run (exit 3). ``--quick`` (small n) runs on a CPU
 too, to test the script.
 """
 
@@ -40,6 +41,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -213,6 +215,9 @@ def main(argv=None) -> int:
                       help="check against NumPy up to this n (default 1e7)")
   parser.add_argument("--deadline-s", type=float, default=280.0,
                       help="start no case after this many seconds (default 280)")
+  parser.add_argument("--case-limit-s", type=float, default=90.0,
+                      help="a case still running after this many seconds stops the run: the JSON "
+                           "keeps every row so far and lists the case (default 90)")
   parser.add_argument("--rtol", type=float, default=1e-6)
   parser.add_argument("--atol", type=float, default=1e-7)
   parser.add_argument("--out", default=None, help=f"JSON file (default {DEFAULT_OUT}; none with --quick)")
@@ -266,11 +271,24 @@ def main(argv=None) -> int:
       "skipped": [],
   }
 
+  saving = threading.Lock()
+
   def save() -> None:
-    payload["elapsed_s"] = time.perf_counter() - start_all
-    payload["goals"] = goals(payload["rows"], sizes[0])
-    if out_path:
-      write_json_atomic(out_path, payload)
+    with saving:
+      payload["elapsed_s"] = time.perf_counter() - start_all
+      payload["goals"] = goals(payload["rows"], sizes[0])
+      if out_path:
+        write_json_atomic(out_path, payload)
+
+  def abandon(case: bench.Case) -> None:
+    """Runs on a timer thread: a hung case (a kernel that never returns) ends the process."""
+    reason = f"still running after {args.case_limit_s:.0f} s (--case-limit-s): the run stopped here"
+    payload["skipped"].append({"kernel": case.kernel, "options": case.options, "n": case.n,
+                               "reason": reason})
+    save()
+    print(f"accelerator.py: {case.kernel} {bench.describe(case.options)} n={case.n} {reason}",
+          file=sys.stderr, flush=True)
+    os._exit(3)
 
   def late() -> bool:
     return time.perf_counter() - start_all > args.deadline_s
@@ -286,9 +304,15 @@ def main(argv=None) -> int:
                                  "reason": f"past the {args.deadline_s:.0f} s deadline"})
       return
     small_sweep = case.kernel == "sweep" and case.options["T"] <= FUSED_MAX_T
-    row = run_case(case, d, repeats=repeats, check=case.n <= args.check_max_n, rtol=args.rtol,
-                   atol=args.atol, spec=spec, floor_bytes_per_s=floor, sort_fn=sort_fn,
-                   counts_fn=counts_fn if small_sweep else None)
+    watchdog = threading.Timer(args.case_limit_s, abandon, args=(case,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+      row = run_case(case, d, repeats=repeats, check=case.n <= args.check_max_n, rtol=args.rtol,
+                     atol=args.atol, spec=spec, floor_bytes_per_s=floor, sort_fn=sort_fn,
+                     counts_fn=counts_fn if small_sweep else None)
+    finally:
+      watchdog.cancel()
     payload["rows"].append(row)
     save()
     if "error" in row:

@@ -14,8 +14,9 @@
 # jax sees a GPU (with --quick: whose jax imports).
 # First (not with --quick) benchmarks/gpu_choices.py times the GPU forms against the forms they
 # replace and the dense kernel's launches (results/benchmarks/gpu_choices.json, $CHOICES_OUT);
-# accelerator.py then runs with the fastest launch it found (--launch). accelerator.py stops
-# starting cases after 280 s (--deadline-s) and rewrites its JSON after every row; the timeouts
+# accelerator.py then runs with the fastest launch it found (--launch; only a file this run wrote).
+# accelerator.py stops starting cases after 280 s (--deadline-s), ends the run when one case hangs
+# for 90 s (--case-limit-s), and rewrites its JSON after every row; the timeouts
 # below (140 s, then 320 s) keep the whole run under 8 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,9 +50,16 @@ status=0
 launch=()
 if [ "$quick" = 0 ]; then
   choices="${CHOICES_OUT:-results/benchmarks/gpu_choices.json}"
+  stamp="$(mktemp)"
   timeout 140 "$python" benchmarks/gpu_choices.py --deadline-s 90 --out "$choices" >/dev/null \
     || status=$?
-  [ -f "$choices" ] && launch=(--launch "$choices")
+  # Only launches measured by this run: a stale file (gpu_choices.py failed before writing) is not used.
+  if [ "$choices" -nt "$stamp" ]; then
+    launch=(--launch "$choices")
+  else
+    echo "accelerator.sh: gpu_choices.py wrote no $choices (status $status); default launches" >&2
+  fi
+  rm -f "$stamp"
 fi
 timeout 320 "$python" benchmarks/accelerator.py ${launch[@]+"${launch[@]}"} "$@" || status=$?
 exit "$status"

@@ -244,6 +244,10 @@ def script_runs(tmp_path_factory):
       "accelerator": ["bash", os.path.join(ROOT, "benchmarks", "accelerator.sh"), "--quick",
                       "--only", "aurc", "--sizes", "300", "--repeats", "1",
                       "--out", str(tmp / "gpu.json")],
+      # A case that outlives --case-limit-s (0 s: every case) ends the run, keeping the JSON.
+      "accelerator_hang": [sys.executable, os.path.join(ROOT, "benchmarks", "accelerator.py"),
+                           "--quick", "--only", "aurc", "--sizes", "300", "--repeats", "1",
+                           "--case-limit-s", "0", "--out", str(tmp / "hang.json")],
   }
   # The other scripts' smoke runs: each must end by printing its JSON record.
   for name, args in SMOKE_RUNS.items():
@@ -320,6 +324,18 @@ def test_bench_vs_numpy_quick_emits_valid_json(script_runs):
     assert row["load_average_before"] is not None
   assert "resamples reproduced" in payload["rows"][-1]["check"]["note"]
   assert "kit ms" in stderr
+
+
+@_SCRIPTS
+def test_accelerator_stops_at_a_case_that_outlives_its_limit(script_runs):
+  tmp, out = script_runs
+  rc, _, stderr = out["accelerator_hang"]
+  assert rc == 3, stderr[-3000:]
+  payload = json.loads((tmp / "hang.json").read_text())
+  assert payload["benchmark"] == "accelerator" and payload["rows"] == []
+  assert [s["kernel"] for s in payload["skipped"]] == ["aurc"]
+  assert "still running after 0 s" in payload["skipped"][0]["reason"]
+  assert "the run stopped here" in stderr
 
 
 @_SCRIPTS
