@@ -30,7 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from cwsa_jax import _mesh
+from cwsa_jax import _public
 from cwsa_jax import _validation
 from cwsa_jax._sweep import SCORE_FIELDS, sweep
 
@@ -55,7 +55,7 @@ def _area(thresholds, coverage, values, *, axis):
   return jnp.where(jnp.any(nonempty, axis=-1), area, jnp.nan)
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def aumcc(confidences: Any, correct: Any, thresholds: Any, *, metric: str = "cwsa",
           axis: str = "coverage", normalize: str = "retained") -> jax.Array:
   r"""Area under the metric-coverage curve (trapezoid over a threshold grid).

@@ -59,7 +59,7 @@ from jax import lax
 
 from cwsa_jax import _calibration
 from cwsa_jax import _exact
-from cwsa_jax import _mesh
+from cwsa_jax import _public
 from cwsa_jax import _risk_coverage
 from cwsa_jax import _stats
 from cwsa_jax import _sweep
@@ -294,7 +294,9 @@ def _run_blocks(block: Callable, num_resamples: int, chunk_size: int, n: int, *,
   per_block = max(1, min(num_chunks, (block_elements or BLOCK_ELEMENTS) // (size * n)))
   report = _REPORT.get()
   starts = list(range(0, num_chunks, per_block))
-  run = lambda first: jax.block_until_ready(block(jnp.uint32(first * size), size, per_block))  # noqa: E731
+  # (The host threads run with the caller's 64-bit mode: JAX's settings are per thread.)
+  run = _public.in_caller_mode(
+      lambda first: jax.block_until_ready(block(jnp.uint32(first * size), size, per_block)))
   parts, done = [], 0
 
   def collect(future) -> None:  # the oldest block, in order
@@ -518,7 +520,7 @@ def _check_common(key: Any, num_resamples: Any, chunk_size: Any, n: int):
 
 # --- public API -------------------------------------------------------------
 
-@_mesh.explicit_as_auto
+@_public.entry
 def bootstrap_samples(fn: Callable, confidences, correct, *, key, num_resamples: int = 1000,
                       chunk_size: int | None = None):
   """The B resampled values theta*_b = fn(c[I_b], kappa[I_b]) of a metric.
@@ -552,7 +554,7 @@ def bootstrap_samples(fn: Callable, confidences, correct, *, key, num_resamples:
                      num_resamples, chunk_size, c.shape[0])
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int = 1000,
                  level: float = 0.95, chunk_size: int | None = None) -> BootstrapResult:
   """Percentile bootstrap confidence interval of any metric, including a whole sweep.
@@ -647,7 +649,7 @@ def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int 
   return BootstrapResult(estimate, *_interval_jit(samples, jnp.float32(level)))
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def paired_bootstrap(fn: Callable, confidences_a, correct_a, confidences_b, correct_b, *, key,
                      num_resamples: int = 1000, level: float = 0.95,
                      chunk_size: int | None = None) -> PairedBootstrapResult:
@@ -799,7 +801,7 @@ def _sweep_options(fn: Callable) -> tuple[jax.Array, str] | None:
   return _validation.as_thresholds(keywords["thresholds"]), keywords.get("normalize", "retained")
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def bootstrap_sweep(confidences, correct, thresholds, *, key, num_resamples: int = 1000,
                     level: float = 0.95, chunk_size: int | None = None,
                     normalize: str = "retained") -> BootstrapResult:

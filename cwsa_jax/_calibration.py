@@ -59,7 +59,7 @@ from jax import lax
 
 from cwsa_jax import _dense
 from cwsa_jax import _exact
-from cwsa_jax import _mesh
+from cwsa_jax import _public
 from cwsa_jax import _sort
 from cwsa_jax import _stats
 from cwsa_jax import _validation
@@ -261,7 +261,7 @@ def _ece_impl(c, k, *, num_bins, norm, binning):
   return error_from_totals(bin_totals(c, k, edges, hi, lo), norm)
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def calibration_bins(confidences: Any, correct: Any, *, num_bins: int = 15,
                      binning: str = "width") -> CalibrationBins:
   r"""Per-bin count, mean confidence and accuracy (a reliability diagram).
@@ -295,7 +295,7 @@ def calibration_bins(confidences: Any, correct: Any, *, num_bins: int = 15,
   return _validation.poison(_batched(fn, c.ndim)(c, k), rows=invalid)
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def ece(confidences: Any, correct: Any, *, num_bins: int = 15, norm: str = "l1",
         binning: str = "width") -> jax.Array:
   r"""Binned top-label calibration error: ECE (l1), RMS calibration error (l2) or MCE (max).

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from cwsa_jax import _mesh
+from cwsa_jax import _public
 from cwsa_jax import _validation
 
 
@@ -43,7 +43,7 @@ def check_probabilities(probs: jax.Array, name: str = "probs") -> jax.Array | No
   return _validation.check_probabilities(probs, name)
 
 
-@_mesh.explicit_as_auto
+@_public.float_entry
 def confidences_from_probs(probs, labels) -> Predictions:
   """(max probability, argmax == label) from class probabilities.
 
@@ -79,7 +79,7 @@ def _from_probs(probs, labels):
   return Predictions(conf, pred == labels)
 
 
-@_mesh.explicit_as_auto
+@_public.float_entry
 def confidences_from_logits(logits, labels) -> Predictions:
   """(max softmax probability, argmax == label) from logits, computed stably.
 

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from cwsa_jax import _mesh
+from cwsa_jax import _public
 from cwsa_jax import _validation
 
 METRICS = ("cwsa", "cwsa_plus")
@@ -44,7 +44,7 @@ def _contributions(confidences, correct, tau, plus):
   return Contributions(terms, retained)
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def contributions(confidences, correct, tau, *, metric: str = "cwsa") -> Contributions:
   """Per-sample terms of CWSA (or CWSA+) at threshold ``tau``.
 
@@ -96,7 +96,7 @@ def contributions(confidences, correct, tau, *, metric: str = "cwsa") -> Contrib
   return result._replace(terms=_validation.poison(result.terms, rows=rows, items=tau_flag))
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def most_damaging(result: Contributions, *, k: int = 10) -> jax.Array:
   """Indices of the (at most) ``k`` retained samples with the most negative terms.
 

@@ -15,7 +15,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from cwsa_jax import _mesh
+from cwsa_jax import _public
 from cwsa_jax import _stats
 from cwsa_jax import _sweep
 from cwsa_jax import _validation
@@ -64,7 +64,7 @@ def _sweep_by_group_1d(confidences, correct, groups, thresholds, *, num_groups, 
   return _stats.renormalize(SweepResult(thresholds, *fields), normalize)
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def sweep_by_group(confidences, correct, groups, thresholds, *, num_groups: int,
                    normalize: str = "retained") -> SweepResult:
   """:func:`~cwsa_jax.sweep` computed separately for every group, in one fused call.
@@ -151,7 +151,7 @@ def _sweep_by_group(confidences, correct, groups, thresholds, *, num_groups: int
 _sweep_by_group_traced = jax.jit(_sweep_by_group, static_argnames=("num_groups", "normalize"))
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def group_gap(result: SweepResult, field: str = "cwsa") -> jax.Array:
   """Gap between the best and the worst group at each threshold.
 

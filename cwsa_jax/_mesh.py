@@ -6,14 +6,13 @@ flow (``lax.switch``, ``lax.scan``, ``lax.platform_dependent``) demands equal
 axes on all branches and carries. Host callbacks and fresh constants drop
 them, so the kernels mark their outputs again with :func:`vary_like`.
 
-Outside ``shard_map``, arrays sharded over ``Explicit`` mesh axes reach the
-public functions through :func:`explicit_as_auto`.
+Outside ``shard_map``, calls on arrays sharded over ``Explicit`` mesh axes
+run through :func:`on_auto_axes` (see ``_public.entry``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import jax
 from jax import lax
@@ -45,7 +44,7 @@ def vary_like(x, *likes):
   return jax.tree.map(one, x) if axes else x
 
 
-def _explicit_mesh(leaves):
+def explicit_mesh(leaves):
   """The mesh of an array in ``leaves`` typed with an ``Explicit`` mesh axis, else None.
 
   A concrete array's (concrete) mesh where there is one; else a tracer's abstract mesh.
@@ -66,37 +65,28 @@ def _explicit_mesh(leaves):
   return found
 
 
-def explicit_as_auto(fn):
-  """``fn`` run with ``Explicit`` mesh axes of its array arguments treated as ``Auto``.
+def on_auto_axes(fn, mesh, leaves, tree):
+  """``fn(*args, **kwargs)`` (flattened: ``leaves``, ``tree``) with ``mesh``'s Explicit axes Auto.
 
   Arrays sharded over an ``Explicit`` mesh axis (``jax.make_mesh``'s default)
   carry their sharding in their type, and every operation must then say how
   its output is sharded; the kit's kernels (sorts, host callbacks, Pallas
-  calls, scatters) leave that to XLA. Such calls run through
-  :func:`jax.sharding.auto_axes`: XLA partitions them as for ``Auto`` axes,
-  and the results come back replicated over the mesh. Other calls are
-  ``fn`` itself.
+  calls, scatters) leave that to XLA. :func:`jax.sharding.auto_axes` makes
+  the axes ``Auto`` for the call: XLA partitions it as for ``Auto`` axes, and
+  the results come back replicated over the mesh.
   """
-  @functools.wraps(fn)
-  def wrapper(*args, **kwargs):
-    leaves, tree = jax.tree.flatten((args, kwargs))
-    mesh = _explicit_mesh(leaves)
-    if mesh is None:
-      return fn(*args, **kwargs)
-    is_array = [isinstance(leaf, jax.Array) for leaf in leaves]
+  is_array = [isinstance(leaf, jax.Array) for leaf in leaves]
 
-    def run(*arrays):
-      it = iter(arrays)
-      a, kw = jax.tree.unflatten(tree, [next(it) if x else leaf
-                                        for leaf, x in zip(leaves, is_array)])
-      return fn(*a, **kw)
+  def run(*arrays):
+    it = iter(arrays)
+    args, kwargs = jax.tree.unflatten(tree, [next(it) if x else leaf
+                                             for leaf, x in zip(leaves, is_array)])
+    return fn(*args, **kwargs)
 
-    arrays = [leaf for leaf, x in zip(leaves, is_array) if x]
-    if not isinstance(mesh, jax.sharding.AbstractMesh):  # concrete arrays
-      return jax.sharding.auto_axes(run, out_sharding=NamedSharding(mesh, P()))(*arrays)
-    # Traced (inside a user's jit), under the arrays' mesh if no mesh is set.
-    with contextlib.nullcontext() if mesh == jax.sharding.get_abstract_mesh() else \
-        jax.sharding.use_abstract_mesh(mesh):
-      return jax.sharding.auto_axes(run, out_sharding=P())(*arrays)
-
-  return wrapper
+  arrays = [leaf for leaf, x in zip(leaves, is_array) if x]
+  if not isinstance(mesh, jax.sharding.AbstractMesh):  # concrete arrays
+    return jax.sharding.auto_axes(run, out_sharding=NamedSharding(mesh, P()))(*arrays)
+  # Traced (inside a user's jit), under the arrays' mesh if no mesh is set.
+  with contextlib.nullcontext() if mesh == jax.sharding.get_abstract_mesh() else \
+      jax.sharding.use_abstract_mesh(mesh):
+    return jax.sharding.auto_axes(run, out_sharding=P())(*arrays)

@@ -75,6 +75,7 @@ from jax import lax
 
 from cwsa_jax import _group_areas
 from cwsa_jax import _mesh
+from cwsa_jax import _public
 from cwsa_jax import _sort
 from cwsa_jax import _validation
 
@@ -533,7 +534,7 @@ def _aurc_impl(c, correct, *, convention):
 # --------------------------------------------------------------------------
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def aurc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Array:
   r"""Area under the (selective) risk-coverage curve.
 
@@ -575,7 +576,7 @@ def aurc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Arr
   return _validation.poison(_batched(fn, c.ndim)(c, k)[0], rows=invalid)
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def augrc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Array:
   r"""Area under the generalized risk-coverage curve (Traub et al., 2024).
 
@@ -620,7 +621,7 @@ def augrc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Ar
   return _validation.poison(_batched(fn, c.ndim)(c, k)[1], rows=invalid)
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def eaurc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Array:
   r"""Excess AURC: AURC minus the smallest AURC any scoring of the same outcomes reaches.
 
@@ -661,7 +662,7 @@ def eaurc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Ar
   return _validation.poison(_batched(fn, c.ndim)(c, k).eaurc, rows=invalid)
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def risk_coverage_summary(confidences: Any, correct: Any, *,
                           convention: str = "step") -> RiskCoverageSummary:
   """AURC, AUGRC and E-AURC from a single sort.
@@ -795,7 +796,7 @@ def _group_confidences_jvp(primals, tangents):
   return thresholds, tangent
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def risk_coverage_curve(confidences: Any, correct: Any) -> RiskCoverageCurve:
   r"""The tie-grouped risk-coverage curve (one point per distinct confidence).
 
@@ -867,7 +868,7 @@ def _risk_at_coverage_impl(c, correct, target):
   return _per_backend(_risk_at_coverage_kernel, c, correct, target)
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def risk_at_coverage(confidences: Any, correct: Any, coverage: Any) -> jax.Array:
   r"""Selective risk at the smallest achievable coverage that is >= ``coverage``.
 
@@ -918,7 +919,7 @@ def _coverage_at_risk_impl(c, correct, target):
   return _per_backend(_coverage_at_risk_kernel, c, correct, target)
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def coverage_at_risk(confidences: Any, correct: Any, risk: Any) -> jax.Array:
   r"""Largest achievable coverage whose selective risk is <= ``risk``.
 

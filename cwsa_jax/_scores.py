@@ -42,7 +42,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from cwsa_jax import _mesh
+from cwsa_jax import _public
 from cwsa_jax import _validation
 
 METHODS = ("msp", "max_logit", "margin", "logit_margin", "neg_entropy", "doctor")
@@ -80,7 +80,7 @@ def _scores(logits: jax.Array, *, method: str) -> jax.Array:
   return jnp.exp(jax.nn.logsumexp(2.0 * log_probs, axis=-1))
 
 
-@_mesh.explicit_as_auto
+@_public.float_entry
 def confidence_scores(logits: Any, *, method: str = "msp") -> jax.Array:
   """Per-sample confidence scores from logits; higher means more confident.
 

@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from cwsa_jax import _mesh
+from cwsa_jax import _public
 from cwsa_jax import _validation
 
 
@@ -71,7 +71,7 @@ def _nll_impl(x, y, *, from_logits):
   return jnp.mean(per_sample, axis=-1)
 
 
-@_mesh.explicit_as_auto
+@_public.float_entry
 def brier_score(probs: Any, labels: Any, *, from_logits: bool = False) -> jax.Array:
   r"""Multi-class Brier score (Brier, 1950): mean squared distance to the one-hot label.
 
@@ -102,7 +102,7 @@ def brier_score(probs: Any, labels: Any, *, from_logits: bool = False) -> jax.Ar
   return _validation.poison(_brier_impl(x, y, from_logits=from_logits), rows=invalid)
 
 
-@_mesh.explicit_as_auto
+@_public.float_entry
 def nll(probs_or_logits: Any, labels: Any, *, from_logits: bool = False) -> jax.Array:
   r"""Mean negative log-likelihood of the true labels (natural log).
 

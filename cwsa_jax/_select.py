@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cwsa_jax import _mesh
+from cwsa_jax import _public
 from cwsa_jax import _validation
 from cwsa_jax._sweep import SCORE_FIELDS, default_thresholds, sweep
 
@@ -45,7 +45,7 @@ def _check_fraction(x, name: str) -> float | None:
   return value
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def select_threshold(confidences, correct, *, metric: str = "cwsa", min_coverage=None,
                      max_risk=None, thresholds=None) -> ThresholdChoice:
   """The threshold on a grid that maximises a metric subject to coverage/risk constraints.

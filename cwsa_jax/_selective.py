@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 
 from cwsa_jax import _exact
-from cwsa_jax import _mesh
+from cwsa_jax import _public
 from cwsa_jax import _stats
 from cwsa_jax import _sweep
 from cwsa_jax import _validation
@@ -94,7 +94,7 @@ def _checked_metrics(confidences, correct, tau, *, normalize: str) -> _stats.Met
 _metrics_traced = jax.jit(_checked_metrics, static_argnames=("normalize",))
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def cwsa(confidences, correct, tau, *, normalize: str = "retained") -> jax.Array:
   """Confidence-weighted selective accuracy at threshold ``tau``.
 
@@ -128,7 +128,7 @@ def cwsa(confidences, correct, tau, *, normalize: str = "retained") -> jax.Array
   return _metrics(confidences, correct, tau, normalize).cwsa
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def cwsa_plus(confidences, correct, tau) -> jax.Array:
   """CWSA+: the reward-only, [0, 1]-valued variant of CWSA at threshold ``tau``.
 
@@ -149,7 +149,7 @@ def cwsa_plus(confidences, correct, tau) -> jax.Array:
   return _metrics(confidences, correct, tau).cwsa_plus
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def coverage(confidences, tau) -> jax.Array:
   """Fraction of samples retained at ``tau``: ``|{i : c_i >= tau}| / n``.
 
@@ -163,7 +163,7 @@ def coverage(confidences, tau) -> jax.Array:
   return _metrics(confidences, jnp.ones(confidences.shape, jnp.bool_), tau).coverage
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def selective_accuracy(confidences, correct, tau) -> jax.Array:
   """Accuracy over the retained set: mean of kappa_i over {i : c_i >= tau}; NaN if empty.
 

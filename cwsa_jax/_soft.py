@@ -58,7 +58,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cwsa_jax import _mesh
+from cwsa_jax import _public
 from cwsa_jax import _validation
 
 NORMALIZATIONS = ("retained", "all")
@@ -137,7 +137,7 @@ def _soft_metric_jit(confidences, correct, tau, temperature, *, plus, normalize)
   return fn(confidences, correct, tau.astype(dtype), temperature.astype(dtype))
 
 
-@_mesh.explicit_as_auto
+@_public.float_entry
 def soft_cwsa(confidences: Any, correct: Any, tau: Any = 0.5, *, temperature: Any = 0.01,
               normalize: str = "retained") -> jax.Array:
   """Soft CWSA: the sigmoid relaxation of confidence-weighted selective accuracy.
@@ -197,7 +197,7 @@ def soft_cwsa(confidences: Any, correct: Any, tau: Any = 0.5, *, temperature: An
   return _validation.poison(value, rows=rows, items=_validation.either(tau_flag, t_flag))
 
 
-@_mesh.explicit_as_auto
+@_public.float_entry
 def soft_cwsa_plus(confidences: Any, correct: Any, tau: Any = 0.5, *,
                    temperature: Any = 0.01) -> jax.Array:
   """Soft CWSA+: the sigmoid relaxation of CWSA+ (no penalty for errors).
@@ -248,7 +248,7 @@ def _sweep(confidences, correct, thresholds, temperature, *, plus, normalize):
   return fn(confidences, correct, thresholds.astype(dtype), temperature.astype(dtype))
 
 
-@_mesh.explicit_as_auto
+@_public.float_entry
 def soft_cwsa_sweep(confidences: Any, correct: Any, thresholds: Any, *,
                     temperature: Any = 0.01, plus: bool = False,
                     normalize: str = "retained") -> jax.Array:
@@ -319,7 +319,7 @@ def _check_band(band: Any, num_thresholds: Any) -> None:
     raise ValueError(f"num_thresholds must be an integer >= 2, got {num_thresholds!r}")
 
 
-@_mesh.explicit_as_auto
+@_public.float_entry
 def soft_cwsa_band_area(confidences: Any, correct: Any, *,
                         band: tuple[float, float] = DEFAULT_BAND,
                         temperature: Any = 0.01,

@@ -39,7 +39,7 @@ from jax.custom_batching import custom_vmap
 
 from cwsa_jax import _dense
 from cwsa_jax import _exact
-from cwsa_jax import _mesh
+from cwsa_jax import _public
 from cwsa_jax import _sorted_sums
 from cwsa_jax import _stats
 from cwsa_jax import _validation
@@ -489,7 +489,7 @@ def _sweep_1d(confidences, correct, thresholds, normalize="retained", drop_inval
   return _stats.renormalize(result_from_sums(sums, thresholds, order, left_out), normalize)
 
 
-@_mesh.explicit_as_auto
+@_public.entry
 def sweep(confidences, correct, thresholds, *, normalize: str = "retained") -> SweepResult:
   """Coverage, selective accuracy, CWSA and CWSA+ at every threshold, fused.
 

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from cwsa_jax import _mesh
+from cwsa_jax import _public
 from cwsa_jax import _validation
 
 DEFAULT_BOUNDS = (1e-4, 1e4)
@@ -115,7 +116,7 @@ def _check_bounds(bounds: Any) -> tuple[float, float]:
   return low, high
 
 
-@_mesh.explicit_as_auto
+@_public.float_entry
 def fit_temperature(logits: Any, labels: Any, *,
                     bounds: tuple[float, float] = DEFAULT_BOUNDS) -> jax.Array:
   """The temperature T minimising the mean NLL of softmax(logits / T) (temperature scaling).

@@ -79,7 +79,7 @@ import numpy as np
 from cwsa_jax import _calibration
 from cwsa_jax import _confidence
 from cwsa_jax import _exact
-from cwsa_jax import _mesh
+from cwsa_jax import _public
 from cwsa_jax import _sort
 from cwsa_jax import _stats
 from cwsa_jax import _sweep
@@ -269,7 +269,7 @@ class SweepState:
     return cls(t, zeros, zeros, jnp.zeros((), bool))
 
   @classmethod
-  @_mesh.explicit_as_auto
+  @_public.entry
   def from_batch(cls, confidences: Any, correct: Any, thresholds: Any = None, *,
                  mask: Any = None) -> SweepState:
     """The state of one batch [..., n] (leading axes are kept as batch axes of the state).
@@ -407,7 +407,7 @@ class CalibrationState:
     return cls(zeros, zeros, jnp.zeros((), bool))
 
   @classmethod
-  @_mesh.explicit_as_auto
+  @_public.entry
   def from_batch(cls, confidences: Any, correct: Any, *, num_bins: int | None = None,
                  mask: Any = None) -> CalibrationState:
     """The state of one batch [..., n]; ``mask`` False marks padding."""
@@ -583,7 +583,7 @@ class RiskCoverageState:
                jnp.full((bins,), -1, jnp.int32), jnp.zeros((), bool), mantissa_bits)
 
   @classmethod
-  @_mesh.explicit_as_auto
+  @_public.entry
   def from_batch(cls, confidences: Any, correct: Any, *, mantissa_bits: int | None = None,
                  mask: Any = None) -> RiskCoverageState:
     """The state of one batch [..., n]; ``mask`` False marks padding."""
