@@ -172,3 +172,19 @@ def test_exact_metrics_inside_a_user_jit_with_float64_work():
     total, area = pipeline(jnp.asarray(c))
     assert total.dtype == jnp.float64 and area.dtype == jnp.float32
   assert float(area) == ref
+
+
+def test_exact_metric_gradients_with_x64_on_are_the_float32_ones_in_float64():
+  """The custom JVPs of cwsa and the sweep, through the rounding to float32: float64 cotangents
+  holding the float32 gradients."""
+  c, k, *_ = _data()
+  fns = {"cwsa": lambda x: cw.cwsa(x, k, 0.3),
+         "sweep": lambda x: jnp.sum(cw.sweep(x, k, T).cwsa_plus)}
+  for name, fn in fns.items():
+    with jax.enable_x64(False):
+      ref = np.asarray(jax.grad(fn)(c.astype(np.float32)))
+    with jax.enable_x64(True):
+      got = jax.grad(fn)(jnp.asarray(c))
+    assert got.dtype == jnp.float64, name
+    np.testing.assert_array_equal(np.asarray(got, np.float32), ref, err_msg=name)
+    assert np.any(ref != 0), name
