@@ -9,8 +9,8 @@ Every public function is wrapped by :func:`entry` (the exact metrics) or
   calls, the branches of ``lax.platform_dependent``) reject. So they run with
   64-bit mode off: 64-bit JAX arrays are first rounded to float32 / int32,
   as NumPy float64 inputs always are, and the results are the same float32
-  values as without x64. The smooth functions keep the caller's mode and follow their
-  inputs' float dtype.
+  values as without x64. The smooth functions keep the caller's mode and
+  follow their inputs' float dtype.
 * **Explicit mesh axes.** Calls on arrays sharded over an ``Explicit`` mesh
   axis run with the axes ``Auto`` (:func:`_mesh.on_auto_axes`); results come
   back replicated.
@@ -58,8 +58,9 @@ def _narrow(leaf):
 def float_entry(fn):
   """``fn`` with Explicit mesh axes made Auto, in the caller's 64-bit mode (see the module).
 
-  For the smooth functions (soft metrics, scores, losses, temperature): they
-  follow their inputs' float dtype, so float64 gradients can be checked.
+  For the smooth functions (soft metrics, scores, ``nll``, ``brier_score``,
+  the temperature): they follow their inputs' float dtype, so float64
+  gradients can be checked.
   """
   @functools.wraps(fn)
   def wrapper(*args, **kwargs):
@@ -75,11 +76,12 @@ def _on_auto_axes_if_explicit(fn, args, kwargs):
 
 
 def in_caller_mode(fn):
-  """``fn`` run, on whatever thread, with the 64-bit mode of the thread that called this."""
+  """``fn`` run, on whatever thread, in the 64-bit mode of the thread that called this
+  (JAX's settings are per thread)."""
   x64 = jax.config.jax_enable_x64
-  return lambda *args: _call(fn, x64, args)
 
+  def run(*args):
+    with jax.enable_x64(x64):
+      return fn(*args)
 
-def _call(fn, x64, args):
-  with jax.enable_x64(x64):
-    return fn(*args)
+  return run
