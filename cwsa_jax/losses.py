@@ -41,6 +41,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from cwsa_jax import _public
 from cwsa_jax import _soft
 from cwsa_jax import _validation
 
@@ -118,6 +119,7 @@ def _soft_term(confidences, correct, *, tau, temperature, band, num_thresholds, 
   return (jnp.sum(values, -1) - 0.5 * (values[..., 0] + values[..., -1])) / (num_thresholds - 1)
 
 
+@_public.float_entry
 def cwsa_surrogate_loss(logits: Any, labels: Any, *, tau: Any = 0.5, temperature: Any = 0.05,
                         correctness: str = "probability", band: tuple[float, float] | None = None,
                         num_thresholds: int = _soft.DEFAULT_BAND_THRESHOLDS,
@@ -172,6 +174,7 @@ def cwsa_surrogate_loss(logits: Any, labels: Any, *, tau: Any = 0.5, temperature
   return surrogate
 
 
+@_public.float_entry
 def cwsa_regularized_loss(logits: Any, labels: Any, *, weight: Any = 1.0, tau: Any = 0.5,
                           temperature: Any = 0.05, correctness: str = "probability",
                           band: tuple[float, float] | None = None,
@@ -258,6 +261,7 @@ def _focal(logits, labels, gamma, *, inverse):
   return -jnp.mean(sample_weight * true_log_prob, axis=-1)
 
 
+@_public.float_entry
 def focal_loss(logits: Any, labels: Any, *, gamma: Any) -> jax.Array:
   """Mean focal loss: cross-entropy down-weighted on well-classified samples.
 
@@ -304,6 +308,7 @@ def focal_loss(logits: Any, labels: Any, *, gamma: Any) -> jax.Array:
   return _focal(logits, labels, _nonnegative_scalar(gamma, "gamma"), inverse=False)
 
 
+@_public.float_entry
 def inverse_focal_loss(logits: Any, labels: Any, *, gamma: Any) -> jax.Array:
   """Mean inverse focal loss: cross-entropy up-weighted on well-classified samples.
 
@@ -361,6 +366,7 @@ def _aurc_terms(logits, labels, temperature, *, correctness):
   return cross_entropy, _soft_aurc(confidences, 1.0 - correct, temperature.astype(dtype))
 
 
+@_public.float_entry
 def soft_aurc_loss(logits: Any, labels: Any, *, temperature: Any = 0.01,
                    correctness: str = "probability") -> jax.Array:
   """Soft AURC of the max-softmax confidence: sigmoid-relaxed ranks in the exact AURC.
@@ -443,6 +449,7 @@ def soft_aurc_loss(logits: Any, labels: Any, *, temperature: Any = 0.01,
   return soft
 
 
+@_public.float_entry
 def soft_aurc_regularized_loss(logits: Any, labels: Any, *, weight: Any = 1.0,
                                temperature: Any = 0.01,
                                correctness: str = "probability") -> jax.Array:

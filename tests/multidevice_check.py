@@ -80,6 +80,7 @@ def _per_shard_metrics():
   import jax.numpy as jnp
 
   import cwsa_jax as cw
+  from cwsa_jax import losses
 
   t = jnp.linspace(0.0, 0.99, 12)
   leaves = jax.tree.leaves
@@ -102,6 +103,8 @@ def _per_shard_metrics():
       "fit_temperature": lambda c, k, g, logits, y: cw.fit_temperature(logits, y),
       "bootstrap_aurc": lambda c, k, *_: leaves(
           cw.bootstrap_ci(cw.aurc, c, k, key=jax.random.key(0), num_resamples=20)),
+      "soft_aurc_loss": lambda c, k, g, logits, y: losses.soft_aurc_loss(logits, y),
+      "soft_aurc_loss_grad": lambda c, k, g, logits, y: jax.grad(losses.soft_aurc_loss)(logits, y),
   }
 
 
@@ -152,7 +155,7 @@ def _explicit_checks(mesh) -> dict:
       with jax.set_mesh(mesh):
         in_context = _same(fn(*sharded), ref)
       # (jax.grad of an eager call needs the mesh context for its backward pass: JAX says so.)
-      eager = name == "soft_cwsa_grad" or _same(fn(*sharded), ref)
+      eager = name.endswith("_grad") or _same(fn(*sharded), ref)
       checks[f"explicit_{name}"] = in_context and eager and _same(jax.jit(fn)(*sharded), ref)
     except Exception:  # reported as a failed check
       traceback.print_exc()

@@ -18,6 +18,6 @@ def test_sharded_sweep_and_psum_states_equal_one_pass():
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   checks = json.loads(proc.stdout.strip().splitlines()[-1])
-  assert len(checks) == 8 + 2 * 17
+  assert len(checks) == 8 + 2 * 19
   failed = [name for name, ok in checks.items() if not ok]
   assert not failed, f"failed checks: {failed}\n{proc.stderr[-3000:]}"
