@@ -7,6 +7,8 @@ functions follow their inputs' dtype: float64 in, float64 out, close to the
 float32 result, and their float64 gradients pass ``check_grads``.
 """
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -188,3 +190,24 @@ def test_exact_metric_gradients_with_x64_on_are_the_float32_ones_in_float64():
     assert got.dtype == jnp.float64, name
     np.testing.assert_array_equal(np.asarray(got, np.float32), ref, err_msg=name)
     assert np.any(ref != 0), name
+
+
+@pytest.mark.filterwarnings("error::FutureWarning", "error::UserWarning")
+def test_cli_evaluate_is_the_same_with_x64_on(tmp_path, capsys):
+  """The commands compute in 32 bits whatever JAX_ENABLE_X64 says: same report, no dtype warnings."""
+  from cwsa_jax import cli
+
+  c, k, *_ = _data()
+  path = tmp_path / "p.csv"
+  path.write_text("confidence,correct\n" + "".join(f"{float(a)!r},{int(b)}\n" for a, b in zip(c, k)))
+  reports = {}
+  for x64 in (False, True):
+    out = tmp_path / f"out{int(x64)}"
+    with jax.enable_x64(x64):
+      code = cli.main(["evaluate", str(path), "--out", str(out), "--bootstrap", "200",
+                       "--no-figures", "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    reports[x64] = json.loads((out / "metrics.json").read_text())
+  for field in ("n", "accuracy", "ece", "aurc", "eaurc", "augrc", "aumcc", "sweep",
+                "threshold_choice", "intervals"):
+    assert reports[True][field] == reports[False][field], field

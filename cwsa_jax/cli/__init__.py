@@ -33,6 +33,8 @@ import importlib
 import importlib.util
 import sys
 
+import jax
+
 import cwsa_jax
 from cwsa_jax.cli import _interrupt
 from cwsa_jax.cli._util import UserError
@@ -126,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.print_help()
     return 2
   label = f"cwsa-jax {args.command}"
-  with _interrupt.guard(label):
+  # The commands compute in 32 bits whatever JAX_ENABLE_X64 says (the kit's definitions).
+  with _interrupt.guard(label), jax.enable_x64(False):
     try:
       code = int(args.func(args) or 0)
       _interrupt.check()  # a Ctrl-C whose KeyboardInterrupt Python dropped (in a __del__)
