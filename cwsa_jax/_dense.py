@@ -55,7 +55,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from cwsa_jax import _exact, _mesh
+from cwsa_jax import _exact
+from cwsa_jax import _mesh
 
 # Buckets (T + 1) the dense kernel handles: its mask has at most 64 rows.
 MAX_BUCKETS = 64

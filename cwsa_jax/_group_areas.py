@@ -42,7 +42,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from cwsa_jax import _dense, _mesh
+from cwsa_jax import _dense
+from cwsa_jax import _mesh
 
 # Samples per tile: _ROWS rows of 32 (one int32 of bits per row).
 _COLUMNS = 32
