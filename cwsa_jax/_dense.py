@@ -78,7 +78,7 @@ def applies(confidences: jax.Array, correct: jax.Array, num_buckets: int) -> boo
   scatter path: the kernel has not been run on a GPU there.
   """
   return (ENABLED and correct.dtype == jnp.bool_ and confidences.shape[-1] >= 1
-          and 2 <= num_buckets <= MAX_BUCKETS and not _mesh.manual_axes(confidences)[1])
+          and 2 <= num_buckets <= MAX_BUCKETS and not _mesh.manual_axes(confidences))
 
 
 def _num_rows(num_buckets: int) -> int:
@@ -232,13 +232,6 @@ def _rows_kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, num_
 _TARGET_PROGRAMS = 1024
 
 
-def _output_like(like: jax.Array, shape: tuple[int, ...]) -> jax.ShapeDtypeStruct:
-  """int32 ``shape`` with ``like``'s manual mesh axes (which ``shard_map`` checks)."""
-  name, _ = _mesh.manual_axes(like)
-  value = getattr(jax.typeof(like), name, None)
-  return jax.ShapeDtypeStruct(shape, jnp.int32, **({} if value is None else {name: value}))
-
-
 def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, unit: bool,
              block: int | None = None, per_program: int | None = None,
              num_warps: int | None = None, num_stages: int | None = None,
@@ -285,7 +278,7 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, uni
     kernel = functools.partial(_kernel, n=n, block=block, steps=steps, unit=unit, form=form)
   sums = pl.pallas_call(
       kernel,
-      out_shape=_output_like(confidences, (num_samples, num_programs, num_rows, _WIDTH)),
+      out_shape=jax.ShapeDtypeStruct((num_samples, num_programs, num_rows, _WIDTH), jnp.int32),
       grid=(num_samples, num_programs, num_rows // group),
       in_specs=[pl.BlockSpec((group,), lambda s, p, g: (g,)),
                 pl.BlockSpec((None, per_program), lambda s, p, g: (s, p)),

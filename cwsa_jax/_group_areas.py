@@ -68,7 +68,7 @@ def applies(confidences: jax.Array, correct: jax.Array, convention: str) -> bool
   scans, as in ``_dense``: the kernel has not been run on a GPU there.
   """
   return (ENABLED and correct.dtype == jnp.bool_ and confidences.shape[-1] >= 1
-          and convention in CONVENTIONS and not _mesh.manual_axes(confidences)[1])
+          and convention in CONVENTIONS and not _mesh.manual_axes(confidences))
 
 
 def flags(keys: jax.Array, errors: jax.Array, n: int) -> jax.Array:

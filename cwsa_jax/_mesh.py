@@ -20,13 +20,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 
-def manual_axes(x: jax.Array) -> tuple[str, frozenset]:
-  """The name of the aval field holding ``x``'s manual mesh axes, and the axes it varies over."""
+def manual_axes(x: jax.Array) -> frozenset:
+  """The manual mesh axes ``x`` varies over (empty outside ``shard_map``)."""
   aval = jax.typeof(x)
   mat = getattr(aval, "manual_axis_type", None)  # the field's name differs between jax versions
   if mat is not None:
-    return "manual_axis_type", frozenset(getattr(mat, "varying", ()))
-  return "vma", frozenset(getattr(aval, "vma", ()))
+    return frozenset(getattr(mat, "varying", ()))
+  return frozenset(getattr(aval, "vma", ()))
 
 
 def vary_like(x, *likes):
@@ -35,10 +35,10 @@ def vary_like(x, *likes):
   Outside a ``shard_map``, and where ``x`` already varies over those axes,
   ``x`` itself.
   """
-  axes = frozenset().union(*(manual_axes(like)[1] for like in jax.tree.leaves(likes)))
+  axes = frozenset().union(*(manual_axes(like) for like in jax.tree.leaves(likes)))
 
   def one(leaf):
-    missing = tuple(sorted(axes - manual_axes(leaf)[1]))
+    missing = tuple(sorted(axes - manual_axes(leaf)))
     return lax.pcast(leaf, missing, to="varying") if missing else leaf
 
   return jax.tree.map(one, x) if axes else x
