@@ -62,15 +62,18 @@ from cwsa_jax import _calibration, _dense, _group_areas, _sweep  # noqa: E402
 # (An H100 run of d125930, results/benchmarks/gpu_choices-d125930.json, also tried int8
 # operands and correctness on the mask side, and 512-2048 samples per step with 8 warps: all
 # slower than "bits" at 256 and 4 warps.)
+# "unrolled" reads a step of 512 samples with 4 warps as 4 loads of one sample per thread.
 CONFIGS = {
-    16: (("unrolled", 128, 4, 2), ("unrolled", 128, 4, 3), ("unrolled", 256, 4, 2),
-         ("unrolled", 256, 8, 2), ("lanes", 128, 4, 2), ("lanes", 256, 8, 2), ("bits", 256, 4, 2)),
-    32: (("unrolled", 128, 4, 2), ("unrolled", 128, 4, 3), ("unrolled", 64, 2, 2),
-         ("lanes", 128, 4, 2), ("lanes", 128, 4, 3), ("lanes", 256, 8, 2), ("bits", 128, 4, 2)),
+    16: (("unrolled", 512, 4, 2), ("unrolled", 1024, 4, 2), ("unrolled", 256, 4, 2),
+         ("unrolled", 1024, 8, 2), ("unrolled", 256, 2, 2), ("unrolled", 128, 4, 2),
+         ("lanes", 128, 4, 2), ("bits", 256, 4, 2)),
+    32: (("unrolled", 512, 4, 2), ("unrolled", 256, 4, 2), ("unrolled", 1024, 8, 2),
+         ("unrolled", 128, 4, 2), ("lanes", 128, 4, 2), ("lanes", 256, 8, 2), ("bits", 128, 4, 2)),
     64: (("unrolled", 128, 4, 2), ("unrolled", 128, 4, 3), ("unrolled", 64, 2, 2),
          ("bits", 128, 4, 2), ("samples", 256, 4, 2)),
 }
-QUICK_CONFIGS = {16: (("rows", 128, 4, 2), ("samples", 128, 4, 2), ("lanes", 256, 4, 2)),
+QUICK_CONFIGS = {16: (("rows", 128, 4, 2), ("samples", 128, 4, 2), ("lanes", 256, 4, 2),
+                      ("unrolled", 512, 4, 2)),
                  32: (("lanes", 128, 4, 2),), 64: (("rows", 256, 8, 2), ("unrolled", 128, 4, 2))}
 
 

@@ -26,7 +26,9 @@ Two ways to form G (:data:`FORMS`, picked per mask height by :data:`LAUNCH`):
   stays below 2^24 (at most 1023 steps per program), so it is exact, and
   becomes int32 once per program before the sum over the threads. At most 32
   rows per program ("unrolled" runs a program per 32 rows over the same
-  samples);
+  samples). "unrolled" also issues several loads per thread before their
+  sums (more bytes in flight) and compares only the rows that can hold
+  samples (T + 1 of the 16 for a sweep of 10 thresholds);
 * more rows ("bits" and the other product forms): one matrix product
   ``M @ X`` per step on the tensor cores, of the 0/1 mask M [R, step] and the
   columns' base-64 digits X [step, 16], every operand an integer of at most
@@ -99,8 +101,13 @@ _MASKS = (1, 127, 63, 63, 63) * 2 + (0,) * (_WIDTH - _USED)
 #              each column (count + 1024 correct, u >> 12, u & 4095 and the last two times
 #              correct), at most LANES_MAX_ROWS rows;
 #   "unrolled": "lanes" with the rows unrolled (_rows_kernel): one 1-D accumulator per row and
-#              column, so each thread computes its samples' columns once (a [R, block] tensor
-#              may spread a sample's rows over threads that each recompute its columns).
+#              column, a step of block samples read as block / (32 warps) loads of one sample
+#              per thread, issued together, and the +inf padding rows left out.
+# Compiled for sm_90 (triton 3.9 on a CPU, cuobjdump): "lanes" at 16 rows, 128 samples per
+# step, is 134 instructions per sample in its loop with one 4-byte and one 1-byte load per
+# thread in flight; "unrolled" at 512 samples per step and 4 warps is 99 for 11 live rows
+# (a sweep of 10 thresholds) and 123 for 15 (the ECE's 15 bins), with 4 of each load in
+# flight, 96 and 124 registers, no spills.
 # (int8 operands with int32 accumulation, and correctness on the mask side with two products
 # of 8 columns, were measured slower on an H100: results/benchmarks/gpu_choices-d125930.json.)
 FORMS = ("rows", "samples", "bits", "lanes", "unrolled")
@@ -201,28 +208,36 @@ def _lanes_kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit):
   out_ref[...] = out
 
 
-def _rows_kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, num_rows):
+def _rows_kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, num_rows, live,
+                 lanes):
   """The "lanes" sums with one 1-D accumulator per row and column (rows unrolled): every
-  thread computes its samples' columns once, whatever the number of rows."""
+  thread computes its samples' columns once, whatever the number of rows.
+
+  A step of ``block`` samples is ``block // lanes`` loads of one sample per thread, all
+  issued before their sums (more bytes in flight per thread). Only the first ``live`` rows
+  are compared (the rest, ``+inf`` padding, hold no sample and come out 0).
+  """
+  loads = block // lanes
   step = functools.partial(_step, c_ref, k_ref, first=pl.program_id(1) * (block * steps), n=n,
-                           block=block, unit=unit)
-  thresholds = [rows_ref[r] for r in range(num_rows)]  # this program's group of rows
+                           block=lanes, unit=unit)
+  thresholds = [rows_ref[r] for r in range(live)]  # this program's group of rows
 
   def body(i, acc):
-    c, k, compared = step(i)
-    columns = _lanes_columns(c, k)
-    out = []
-    for r, threshold in enumerate(thresholds):
-      above = jnp.where(compared >= threshold, 1.0, 0.0)
-      out.extend(a + above * x for a, x in zip(acc[5 * r:5 * r + 5], columns))
-    return tuple(out)
+    for c, k, compared in [step(i * loads + j) for j in range(loads)]:
+      columns = _lanes_columns(c, k)
+      out = []
+      for r, threshold in enumerate(thresholds):
+        above = jnp.where(compared >= threshold, 1.0, 0.0)
+        out.extend(a + above * x for a, x in zip(acc[5 * r:5 * r + 5], columns))
+      acc = tuple(out)
+    return acc
 
-  zeros = jnp.zeros((block,), jnp.float32)
-  acc = lax.fori_loop(0, steps, body, (zeros,) * (5 * num_rows))
+  zeros = jnp.zeros((lanes,), jnp.float32)
+  acc = lax.fori_loop(0, steps, body, (zeros,) * (5 * live))
   row = lax.broadcasted_iota(jnp.int32, (num_rows, _WIDTH), 0)
   lane = lax.broadcasted_iota(jnp.int32, (num_rows, _WIDTH), 1)
   out = jnp.zeros((num_rows, _WIDTH), jnp.int32)
-  for r in range(num_rows):
+  for r in range(live):
     for j, x in _lanes_layout(*(a.astype(jnp.int32) for a in acc[5 * r:5 * r + 5])).items():
       out = jnp.where((row == r) & (lane == j), jnp.sum(x), out)
   out_ref[...] = out
@@ -235,7 +250,7 @@ _TARGET_PROGRAMS = 1024
 def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, unit: bool,
              block: int | None = None, per_program: int | None = None,
              num_warps: int | None = None, num_stages: int | None = None,
-             form: str | None = None) -> jax.Array:
+             form: str | None = None, live: int | None = None) -> jax.Array:
   """int32 [S, programs, R, 16]: per program, the sums ``G`` of each row over its samples.
 
   ``confidences`` and ``correct`` are [S, n] (S rows of samples, each summed
@@ -246,7 +261,8 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, uni
   ``form``, ``block`` (samples per step), ``num_warps`` and ``num_stages``
   default to :data:`LAUNCH`'s for R;
   ``per_program`` samples per program (a power of two <= 2^16; default: at
-  most 2^16 and enough programs to fill a large GPU).
+  most 2^16 and enough programs to fill a large GPU). Rows from ``live`` on
+  (default R) must be ``+inf``: "unrolled" leaves them out of its loop.
   """
   from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU module, on use)
   num_samples, n = confidences.shape
@@ -265,15 +281,19 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, uni
   # Rows per program: all of them, but at most LANES_MAX_ROWS for "unrolled" (more rows: more
   # programs over the same samples, which then come from the cache).
   group = min(num_rows, LANES_MAX_ROWS) if form == "unrolled" else num_rows
+  num_warps = num_warps or launch[2]
   if form in _LANES_FORMS:
-    if group > LANES_MAX_ROWS or steps > 1023:
-      raise ValueError(f"form {form!r} takes at most {LANES_MAX_ROWS} rows and 1023 steps, got "
-                       f"{num_rows} and {steps}")
+    # Samples per float32 accumulator: at most 1023 (count and correct count share a column).
+    lanes = min(block, 32 * num_warps) if form == "unrolled" else block
+    if group > LANES_MAX_ROWS or per_program // lanes > 1023:
+      raise ValueError(f"form {form!r} takes at most {LANES_MAX_ROWS} rows and 1023 samples per "
+                       f"accumulator, got {num_rows} and {per_program // lanes}")
     if form == "lanes":
       kernel = functools.partial(_lanes_kernel, n=n, block=block, steps=steps, unit=unit)
     else:
+      live = group if group < num_rows or live is None else live
       kernel = functools.partial(_rows_kernel, n=n, block=block, steps=steps, unit=unit,
-                                 num_rows=group)
+                                 num_rows=group, live=live, lanes=lanes)
   else:
     kernel = functools.partial(_kernel, n=n, block=block, steps=steps, unit=unit, form=form)
   sums = pl.pallas_call(
@@ -284,7 +304,7 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, uni
                 pl.BlockSpec((None, per_program), lambda s, p, g: (s, p)),
                 pl.BlockSpec((None, per_program), lambda s, p, g: (s, p))],
       out_specs=pl.BlockSpec((None, None, group, _WIDTH), lambda s, p, g: (s, p, g, 0)),
-      compiler_params=plgpu.CompilerParams(num_warps=num_warps or launch[2],
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps,
                                            num_stages=num_stages or launch[3]),
       interpret=INTERPRET,
       name="cwsa_dense_row_sums",
@@ -326,7 +346,8 @@ def bucket_sums(confidences: jax.Array, correct: jax.Array, sorted_rows: jax.Arr
                           jnp.full((size - num_buckets,), jnp.inf, jnp.float32)])
   # Integer sums carry no derivative (callers define it); no tangent reaches the kernel.
   confidences = lax.stop_gradient(confidences)
-  sums = row_sums(confidences.reshape(-1, n), correct.reshape(-1, n), rows, unit=unit, **options)
+  sums = row_sums(confidences.reshape(-1, n), correct.reshape(-1, n), rows, unit=unit,
+                  live=num_buckets, **options)
   hi, lo = _bucket_table(sums, num_buckets)
   return hi.reshape(lead + hi.shape[1:]), lo.reshape(lead + lo.shape[1:])
 

@@ -169,7 +169,7 @@ def test_dense_bucket_sums_equal_scatter_sums_on_random_draws(monkeypatch):
   scatter = jax.jit(functools.partial(_sweep._bucket_sums_impl, num_groups=None, masked=False,
                                       given=False, drop_invalid=True, dense=False))
   rng = np.random.default_rng(5)
-  for draw in range(2 * len(_dense.FORMS)):
+  for draw in range(3 * len(_dense.FORMS)):
     form = _dense.FORMS[draw % len(_dense.FORMS)]
     most = _dense.LANES_MAX_ROWS if form == "lanes" else _dense.MAX_BUCKETS
     rows, n, num_t = int(rng.choice([1, 3])), int(rng.integers(1, 3000)), int(rng.integers(1, most))
@@ -180,8 +180,9 @@ def test_dense_bucket_sums_equal_scatter_sums_on_random_draws(monkeypatch):
     ok = rng.random((rows, n)) < c
     if draw % 2:  # left out on both paths (-0.0 kept)
       c.flat[rng.integers(0, c.size, 4)] = rng.choice(INVALID_OR_EDGE, 4)
+    # 512 samples per step: "unrolled" loads them 128 at a time (4 loads per step)
     dense = _dense.bucket_sums(jnp.asarray(c), jnp.asarray(ok), jnp.asarray(t), unit=True,
-                               form=form, block=128,
+                               form=form, block=int(rng.choice([128, 512])),
                                per_program=int(rng.choice([128, 512, 1 << 16])))
     want = scatter(jnp.asarray(c), jnp.asarray(ok), jnp.asarray(t))
     for a, b in zip(dense, want):
@@ -351,3 +352,15 @@ def test_group_areas_not_offered_inside_shard_map():
   assert seen == [False, True]
   assert not _group_areas.applies(jnp.asarray(C[:64]), jnp.asarray(KAPPA[:64]), "step")
   assert not _group_areas.applies(jnp.asarray(C[:64]), jnp.asarray(OK[:64]), "published_code")
+
+
+@pytest.mark.parametrize("form,block,warps", [("lanes", 32, 4), ("unrolled", 32, 1)])
+def test_dense_refuses_inexact_accumulators(form, block, warps):
+  """More than 1023 samples per float32 accumulator would overflow the count column that
+  shares its bits with the correct count: refused, not summed wrong."""
+  from cwsa_jax import _dense
+  rows = jnp.asarray(np.concatenate([[-np.inf], np.linspace(0.5, 0.9, 15)]).astype(np.float32))
+  c = jnp.full((1, 1 << 16), 0.7, jnp.float32)
+  with pytest.raises(ValueError, match="1023 samples per accumulator"):
+    _dense.row_sums(c, c > 0.5, rows, unit=True, form=form, block=block, num_warps=warps,
+                    per_program=1 << 16)
