@@ -558,13 +558,18 @@ def sweep(confidences, correct, thresholds, *, normalize: str = "retained") -> S
 
 def _sweep(confidences, correct, thresholds, *, normalize: str) -> SweepResult:
   traced = not _validation.is_concrete(confidences, correct)
-  # Invalid traced confidences: flagged by the kernel (_sweep_1d); correctness here.
-  confidences, correct, invalid = _validation.samples(confidences, correct, flag_confidences=False)
+  # Invalid traced confidences, and concrete ones on an accelerator: left out and counted by
+  # the kernel (_sweep_1d), with no pass of their own; correctness here.
+  deferred = _validation.deferred_to_kernel(confidences)
+  confidences, correct, invalid = _validation.samples(confidences, correct, flag_confidences=False,
+                                                      check_confidences=not deferred)
   thresholds, _ = _validation.thresholds(thresholds)  # invalid ones: NaN in the kernel
-  fn = functools.partial(_sweep_1d, normalize=normalize, drop_invalid=traced)
+  fn = functools.partial(_sweep_1d, normalize=normalize, drop_invalid=traced or deferred)
   for _ in range(confidences.ndim - 1):
     fn = jax.vmap(fn, in_axes=(0, 0, None))  # a flattening rule, not a loop (bucket_sums)
   result = fn(confidences, correct, thresholds)
+  if deferred and np.isnan(np.asarray(result.coverage)).any():  # a row lost samples
+    _validation.check_finite_in_unit_interval(confidences, "confidences")  # raises, naming why
   if invalid is None:
     return result
   return SweepResult(result.thresholds, *_validation.poison(tuple(result[1:]), rows=invalid))

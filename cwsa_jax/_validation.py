@@ -431,8 +431,23 @@ class Samples(NamedTuple):
   invalid: jax.Array | None
 
 
+def deferred_to_kernel(confidences: Any) -> bool:
+  """Whether a kernel that counts the confidences it kept checks these instead of a pass here.
+
+  True for concrete arrays on an accelerator: there a value check is a pass
+  over the samples of its own and a wait for its result, before the kernel
+  reads them again. A caller that gets True passes ``check_confidences=False``
+  to :func:`samples`, runs its kernel leaving out confidences NaN or outside
+  [0, 1] (``drop_invalid``; the results of a row that lost any come out NaN)
+  and then, when any result is NaN, calls :func:`check_finite_in_unit_interval`,
+  which raises the error a check beforehand would have raised.
+  """
+  return is_concrete(confidences) and _on_accelerator(confidences)
+
+
 def samples(confidences: Any, correct: Any, *, scores: bool = False,
-            graded: bool = True, flag_confidences: bool = True) -> Samples:
+            graded: bool = True, flag_confidences: bool = True,
+            check_confidences: bool = True) -> Samples:
   """The common entry point of the (confidences, correct) metrics.
 
   Args:
@@ -446,6 +461,8 @@ def samples(confidences: Any, correct: Any, *, scores: bool = False,
       (``_sweep.bucket_sums(drop_invalid=True)``) flags them from that count
       instead, with no pass of its own over the samples; the check stays
       registered with ``checkify``.
+    check_confidences: False: concrete confidences are not checked here
+      either (see :func:`deferred_to_kernel`).
 
   Returns:
     :class:`Samples`; ``invalid`` is the traced per-row flag (None when the
@@ -454,8 +471,10 @@ def samples(confidences: Any, correct: Any, *, scores: bool = False,
   c = as_float_array(confidences, "confidences")
   k = correct_array(correct)
   _check_sample_shapes(c, k)
-  confidence_flag = check_finite_in_unit_interval(c, "confidences",
-                                                  unit=SCORES_IN_UNIT_INTERVAL or not scores)
+  confidence_flag = None
+  if check_confidences or not is_concrete(c):
+    confidence_flag = check_finite_in_unit_interval(c, "confidences",
+                                                    unit=SCORES_IN_UNIT_INTERVAL or not scores)
   flag = either(confidence_flag if flag_confidences else None, check_correct(k, graded=graded))
   return Samples(_float32(c), convert_correct(k), flag)
 

@@ -364,3 +364,61 @@ def test_dense_refuses_inexact_accumulators(form, block, warps):
   with pytest.raises(ValueError, match="1023 samples per accumulator"):
     _dense.row_sums(c, c > 0.5, rows, unit=True, form=form, block=block, num_warps=warps,
                     per_program=1 << 16)
+
+
+def test_unrolled_kernel_issues_several_loads_per_step_and_skips_padding_rows():
+  """The Triton IR of "unrolled" (lowered for CUDA on this CPU, as on a GPU): a step of 512
+  samples with 4 warps is 4 loads of each input in the loop, and a sweep of 10 thresholds
+  compares 11 rows, not the 16 of its mask."""
+  import importlib.util
+  import pathlib
+  path = pathlib.Path(__file__).parent.parent / "benchmarks" / "kernel_code_stats.py"
+  spec = importlib.util.spec_from_file_location("kernel_code_stats", path)
+  stats = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(stats)
+  ir = stats.ttir("unrolled", 512, 4, 2, 16, 11)
+  loop = ir[ir.index("scf.for"):]
+  loop = loop[:loop.index("scf.yield")]
+  assert loop.count("tt.load") == 8  # 4 of the confidences, 4 of the correctness
+  # per load: one comparison per live row (11) plus the samples' range checks
+  assert loop.count("arith.cmpf oge") == 4 * (11 + 1)
+
+
+def _as_on_accelerator(monkeypatch):
+  """Concrete JAX arrays are treated as on an accelerator (the eager path a GPU takes)."""
+  from cwsa_jax import _validation
+  monkeypatch.setattr(_validation, "_on_accelerator", lambda x: isinstance(x, jax.Array))
+  return _validation
+
+
+@pytest.mark.parametrize("graded", [False, True])
+def test_eager_sweep_on_an_accelerator_checks_by_the_kernels_count(graded, monkeypatch):
+  """On an accelerator an eager sweep makes no pass of its own over the confidences (the
+  kernel's kept count checks them): the same results, bit for bit, for valid samples."""
+  rng = np.random.default_rng(3)
+  c = jnp.asarray(np.round(rng.random((2, 5000)), 2).astype(np.float32))
+  ok = jnp.asarray(rng.random((2, 5000)).astype(np.float32) if graded else rng.random((2, 5000)) < 0.7)
+  want = cj.sweep(c, ok, T)
+  validation = _as_on_accelerator(monkeypatch)
+  checked = []
+  check = validation.check_finite_in_unit_interval
+  monkeypatch.setattr(validation, "check_finite_in_unit_interval",
+                      lambda x, name, **kw: checked.append(name) or check(x, name, **kw))
+  got = cj.sweep(c, ok, T)
+  assert "confidences" not in checked
+  for a, b in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("bad,message", [(np.nan, "NaN or infinite"), (np.inf, "NaN or infinite"),
+                                         (1.5, r"must lie in \[0, 1\]"),
+                                         (-0.25, r"must lie in \[0, 1\]")])
+def test_eager_sweep_on_an_accelerator_still_raises_on_invalid_confidences(bad, message,
+                                                                            monkeypatch):
+  """The kernel leaves the invalid confidence out; the sweep then raises the error the check
+  beforehand gave (here in the second row of two)."""
+  c = np.full((2, 100), 0.6, np.float32)
+  c[1, 17] = bad
+  _as_on_accelerator(monkeypatch)
+  with pytest.raises(ValueError, match=message):
+    cj.sweep(jnp.asarray(c), jnp.asarray(c > 0.5), T)
