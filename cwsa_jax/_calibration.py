@@ -101,8 +101,8 @@ def _check_options(num_bins: Any, binning: str, norm: str | None = None) -> None
     raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
 
 
-def _prepare(confidences: Any, correct: Any):
-  c, k, invalid = _validation.samples(confidences, correct)
+def _prepare(confidences: Any, correct: Any, *, check_confidences: bool = True):
+  c, k, invalid = _validation.samples(confidences, correct, check_confidences=check_confidences)
   if k.dtype != jnp.bool_ and _validation.is_concrete(k):
     v = np.asarray(k)
     if np.all((v == 0.0) | (v == 1.0)):
@@ -156,7 +156,8 @@ def width_edges(num_bins: int) -> jax.Array:
 
 
 def bin_sums(confidences: jax.Array, correct: jax.Array, edges: jax.Array,
-             mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+             mask: jax.Array | None = None, *,
+             drop_invalid: bool = False) -> tuple[jax.Array, jax.Array]:
   """Exact per-bin sums: int32 ``(hi, lo)`` [B, _stats.CALIBRATION_COLUMNS].
 
   The one binning pipeline of :func:`ece`, :func:`calibration_bins` and
@@ -168,7 +169,9 @@ def bin_sums(confidences: jax.Array, correct: jax.Array, edges: jax.Array,
   CPU the count rides in the last column, one scatter-add fewer; on CUDA
   GPUs, binary samples in at most ``_dense.MAX_BUCKETS`` bins without a mask:
   ``_dense``'s kernel, the same integers), then brought to the canonical
-  layout. ``mask`` False leaves a sample out.
+  layout. ``mask`` False leaves a sample out, and so does ``drop_invalid`` a
+  confidence NaN or outside [0, 1] (without, such a confidence is binned as
+  it compares).
   """
   num_bins = edges.shape[0] - 1
   graded = correct.dtype != jnp.bool_
@@ -178,6 +181,8 @@ def bin_sums(confidences: jax.Array, correct: jax.Array, edges: jax.Array,
     ids, cols = _stats.calibration_columns(c, k, bin_index(c, edges))
     if keep:
       ids = jnp.where(keep[0], ids, num_segments)  # out of range: dropped
+    if drop_invalid:
+      ids = jnp.where((c >= 0.0) & (c <= 1.0), ids, num_segments)  # NaN fails both
     return ids, cols
 
   arrays = [confidences, correct] + ([] if mask is None else [mask])
@@ -185,7 +190,7 @@ def bin_sums(confidences: jax.Array, correct: jax.Array, edges: jax.Array,
                                         chunk_size=_CHUNK_SIZE, counted=True)
   if mask is None and confidences.ndim == 1 and _dense.applies(confidences, correct, num_bins):
     per_bin = lambda: tuple(x.reshape(num_bins, -1) for x in scatter())  # noqa: E731
-    hi, lo = _dense.by_platform(per_bin, confidences, correct, edges[1:-1], unit=False)
+    hi, lo = _dense.by_platform(per_bin, confidences, correct, edges[1:-1], unit=drop_invalid)
     hi, lo = hi.reshape(num_segments, -1), lo.reshape(num_segments, -1)
   else:
     hi, lo = scatter()
@@ -247,18 +252,39 @@ def exact_count(hi: jax.Array, lo: jax.Array) -> jax.Array:
   return _exact.to_int(hi[..., 0], lo[..., 0])
 
 
-@functools.partial(jax.jit, static_argnames=("num_bins", "binning"))
-def _bins_impl(c, k, *, num_bins, binning):
+@functools.partial(jax.jit, static_argnames=("num_bins", "binning", "drop_invalid"))
+def _bins_impl(c, k, *, num_bins, binning, drop_invalid):
+  """(bins, samples binned) of one row."""
   edges = _edges(c, num_bins, binning)
-  hi, lo = bin_sums(c, k, edges)
-  return bins_from_totals(edges, exact_count(hi, lo), bin_totals(c, k, edges, hi, lo))
+  hi, lo = bin_sums(c, k, edges, drop_invalid=drop_invalid)
+  count = exact_count(hi, lo)
+  return bins_from_totals(edges, count, bin_totals(c, k, edges, hi, lo)), jnp.sum(count)
 
 
-@functools.partial(jax.jit, static_argnames=("num_bins", "norm", "binning"))
-def _ece_impl(c, k, *, num_bins, norm, binning):
+@functools.partial(jax.jit, static_argnames=("num_bins", "norm", "binning", "drop_invalid"))
+def _ece_impl(c, k, *, num_bins, norm, binning, drop_invalid):
+  """(calibration error, samples binned) of one row."""
   edges = _edges(c, num_bins, binning)
-  hi, lo = bin_sums(c, k, edges)
-  return error_from_totals(bin_totals(c, k, edges, hi, lo), norm)
+  hi, lo = bin_sums(c, k, edges, drop_invalid=drop_invalid)
+  return error_from_totals(bin_totals(c, k, edges, hi, lo), norm), jnp.sum(exact_count(hi, lo))
+
+
+def _checked_run(impl, confidences: Any, correct: Any, **options):
+  """``impl`` (:func:`_bins_impl` or :func:`_ece_impl`) over the batch axes, inputs checked.
+
+  Concrete confidences on an accelerator are checked by the count of samples
+  binned rather than by a pass of their own before the bins
+  (``_validation.deferred_to_kernel``): the bins leave out a confidence NaN
+  or outside [0, 1], and a row that lost any raises the error a check
+  beforehand gives.
+  """
+  deferred = _validation.deferred_to_kernel(confidences)
+  c, k, invalid = _prepare(confidences, correct, check_confidences=not deferred)
+  fn = functools.partial(impl, drop_invalid=deferred, **options)
+  out, binned = _batched(fn, c.ndim)(c, k)
+  if deferred and (np.asarray(binned) != c.shape[-1]).any():
+    _validation.check_finite_in_unit_interval(c, "confidences")  # raises, naming the problem
+  return _validation.poison(out, rows=invalid)
 
 
 @_public.entry
@@ -290,9 +316,7 @@ def calibration_bins(confidences: Any, correct: Any, *, num_bins: int = 15,
     [2, 2] [0.3, 0.75]
   """
   _check_options(num_bins, binning)
-  c, k, invalid = _prepare(confidences, correct)
-  fn = functools.partial(_bins_impl, num_bins=int(num_bins), binning=binning)
-  return _validation.poison(_batched(fn, c.ndim)(c, k), rows=invalid)
+  return _checked_run(_bins_impl, confidences, correct, num_bins=int(num_bins), binning=binning)
 
 
 @_public.entry
@@ -332,6 +356,5 @@ def ece(confidences: Any, correct: Any, *, num_bins: int = 15, norm: str = "l1",
     networks", ICML 2017.
   """
   _check_options(num_bins, binning, norm)
-  c, k, invalid = _prepare(confidences, correct)
-  fn = functools.partial(_ece_impl, num_bins=int(num_bins), norm=norm, binning=binning)
-  return _validation.poison(_batched(fn, c.ndim)(c, k), rows=invalid)
+  return _checked_run(_ece_impl, confidences, correct, num_bins=int(num_bins), norm=norm,
+                      binning=binning)

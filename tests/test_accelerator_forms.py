@@ -8,6 +8,8 @@ every kernel built on it must give the same integers, so the same floats.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +17,7 @@ import pytest
 
 import cwsa_jax as cj
 import reference
+from cwsa_jax import _calibration
 from cwsa_jax import _exact
 from cwsa_jax import _sweep
 
@@ -115,6 +118,12 @@ def _dense_kernels():
       "sweep_rows_of_small_n": lambda: jax.vmap(lambda c, k: cj.sweep(c, k, T))(
           C[:1000].reshape(40, -1), OK[:1000].reshape(40, -1)),
       "sweep_graded_keeps_scatter": lambda: cj.sweep(C, KAPPA, T),
+      # the bins of the accelerators' eager check: both forms leave out the same confidences
+      "bin_sums_drop_invalid": lambda: jax.jit(functools.partial(
+          _calibration.bin_sums, drop_invalid=True))(
+              jnp.asarray(np.concatenate([INVALID_OR_EDGE, C[:20_000]])),
+              jnp.asarray(np.concatenate([np.ones(7, bool), OK[:20_000]])),
+              _calibration.width_edges(15)),
       # derivatives: no tangent reaches the kernel (its sums are integers)
       "ece_gradient": lambda: jax.grad(lambda c: cj.ece(c, OK[:5000]))(jnp.asarray(C[:5000])),
       "sweep_jacobian": lambda: jax.jacfwd(lambda c: cj.sweep(c, OK[:500], T).cwsa)(
@@ -391,34 +400,46 @@ def _as_on_accelerator(monkeypatch):
   return _validation
 
 
+# The eager metrics that check confidences by their kernel's count on an accelerator.
+_COUNTED = {
+    "sweep": lambda c, k: cj.sweep(c, k, T),
+    "ece_width": lambda c, k: cj.ece(c, k),
+    "ece_mass_l2": lambda c, k: cj.ece(c, k, binning="mass", norm="l2"),
+    "calibration_bins": lambda c, k: cj.calibration_bins(c, k, num_bins=10),
+}
+
+
 @pytest.mark.parametrize("graded", [False, True])
-def test_eager_sweep_on_an_accelerator_checks_by_the_kernels_count(graded, monkeypatch):
-  """On an accelerator an eager sweep makes no pass of its own over the confidences (the
-  kernel's kept count checks them): the same results, bit for bit, for valid samples."""
+@pytest.mark.parametrize("name", list(_COUNTED))
+def test_eager_metrics_on_an_accelerator_check_by_the_kernels_count(name, graded, monkeypatch):
+  """On an accelerator an eager sweep, ECE or calibration_bins makes no pass of its own over
+  the confidences (the kernel's kept count checks them): the same results, bit for bit, for
+  valid samples."""
   rng = np.random.default_rng(3)
   c = jnp.asarray(np.round(rng.random((2, 5000)), 2).astype(np.float32))
   ok = jnp.asarray(rng.random((2, 5000)).astype(np.float32) if graded else rng.random((2, 5000)) < 0.7)
-  want = cj.sweep(c, ok, T)
+  want = _COUNTED[name](c, ok)
   validation = _as_on_accelerator(monkeypatch)
   checked = []
   check = validation.check_finite_in_unit_interval
   monkeypatch.setattr(validation, "check_finite_in_unit_interval",
                       lambda x, name, **kw: checked.append(name) or check(x, name, **kw))
-  got = cj.sweep(c, ok, T)
+  got = _COUNTED[name](c, ok)
   assert "confidences" not in checked
-  for a, b in zip(got, want):
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 @pytest.mark.parametrize("bad,message", [(np.nan, "NaN or infinite"), (np.inf, "NaN or infinite"),
                                          (1.5, r"must lie in \[0, 1\]"),
                                          (-0.25, r"must lie in \[0, 1\]")])
-def test_eager_sweep_on_an_accelerator_still_raises_on_invalid_confidences(bad, message,
-                                                                            monkeypatch):
-  """The kernel leaves the invalid confidence out; the sweep then raises the error the check
+@pytest.mark.parametrize("name", list(_COUNTED))
+def test_eager_metrics_on_an_accelerator_still_raise_on_invalid_confidences(name, bad, message,
+                                                                             monkeypatch):
+  """The kernel leaves the invalid confidence out; the metric then raises the error the check
   beforehand gave (here in the second row of two)."""
   c = np.full((2, 100), 0.6, np.float32)
   c[1, 17] = bad
   _as_on_accelerator(monkeypatch)
   with pytest.raises(ValueError, match=message):
-    cj.sweep(jnp.asarray(c), jnp.asarray(c > 0.5), T)
+    _COUNTED[name](jnp.asarray(c), jnp.asarray(c > 0.5))
