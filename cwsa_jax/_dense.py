@@ -102,12 +102,13 @@ _MASKS = (1, 127, 63, 63, 63) * 2 + (0,) * (_WIDTH - _USED)
 #              correct), at most LANES_MAX_ROWS rows;
 #   "unrolled": "lanes" with the rows unrolled (_rows_kernel): one 1-D accumulator per row and
 #              column, a step of block samples read as block / (32 warps) loads of one sample
-#              per thread, issued together, and the +inf padding rows left out.
-# Compiled for sm_90 (triton 3.9 on a CPU, cuobjdump): "lanes" at 16 rows, 128 samples per
-# step, is 134 instructions per sample in its loop with one 4-byte and one 1-byte load per
-# thread in flight; "unrolled" at 512 samples per step and 4 warps is 99 for 11 live rows
-# (a sweep of 10 thresholds) and 123 for 15 (the ECE's 15 bins), with 4 of each load in
-# flight, 96 and 124 registers, no spills.
+#              per thread, issued together, the +inf padding rows left out, and no bounds
+#              checks but in the last program.
+# Compiled for sm_90 (benchmarks/kernel_code_stats.py: triton 3.9 on a CPU, cuobjdump):
+# "lanes" at 16 rows and 128 samples per step is 128 instructions per sample in its loop,
+# with one 4-byte and one 1-byte load per thread in flight; "unrolled" at 512 samples per
+# step and 4 warps is 84 for 11 live rows (a sweep of 10 thresholds) and 108 for 15 (the
+# ECE's 15 bins), with 4 of each load in flight, 95 and 122 registers, no spills.
 # (int8 operands with int32 accumulation, and correctness on the mask side with two products
 # of 8 columns, were measured slower on an H100: results/benchmarks/gpu_choices-d125930.json.)
 FORMS = ("rows", "samples", "bits", "lanes", "unrolled")
@@ -121,22 +122,34 @@ LAUNCH = {16: ("lanes", 128, 4, 3), 32: ("bits", 256, 4, 2), 64: ("bits", 256, 4
 FORM = None
 
 
-def _step(c_ref, k_ref, i, *, first, n, block, unit):
-  """Step ``i``'s confidences, correctness and confidences as compared (NaN: below every row)."""
+def _step(c_ref, k_ref, i, *, first, n, block, unit, bounded=True):
+  """Step ``i``'s confidences, correctness and confidences as compared (NaN: below every row).
+
+  ``bounded=False``: the step lies inside ``[0, n)`` (no masked loads).
+  """
   from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU module, on use)
   start = i * block
-  # The last program's block runs past n: masked loads, and NaN (below no row) there.
-  valid = first + start + lax.broadcasted_iota(jnp.int32, (block,), 0) < n
-  c = plgpu.load(c_ref.at[pl.ds(start, block)], mask=valid, other=0.0)
-  k = plgpu.load(k_ref.at[pl.ds(start, block)], mask=valid, other=False)
+  if bounded:
+    # The last program's block runs past n: masked loads, and NaN (below no row) there.
+    valid = first + start + lax.broadcasted_iota(jnp.int32, (block,), 0) < n
+    c = plgpu.load(c_ref.at[pl.ds(start, block)], mask=valid, other=0.0)
+    k = plgpu.load(k_ref.at[pl.ds(start, block)], mask=valid, other=False)
+  else:
+    valid = None
+    c, k = c_ref[pl.ds(start, block)], k_ref[pl.ds(start, block)]
   if unit:  # confidences NaN or outside [0, 1] are left out, as on the scatter path
-    valid = valid & (c >= 0.0) & (c <= 1.0)
-  return c, k, jnp.where(valid, c, jnp.nan)
+    inside = _clip(c) == c  # NaN: False
+    valid = inside if valid is None else valid & inside
+  return c, k, c if valid is None else jnp.where(valid, c, jnp.nan)
+
+
+def _clip(c: jax.Array) -> jax.Array:
+  return jnp.minimum(jnp.maximum(c, 0.0), 1.0)
 
 
 def _units(c: jax.Array) -> jax.Array:
   """``u = (1 - clip(c, 0, 1)) 2^24``, int32 in [0, 2^24]."""
-  return ((1.0 - jnp.minimum(jnp.maximum(c, 0.0), 1.0)) * 16777216.0).astype(jnp.int32)
+  return ((1.0 - _clip(c)) * 16777216.0).astype(jnp.int32)
 
 
 def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, form):
@@ -175,8 +188,11 @@ def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, form):
 def _lanes_columns(c: jax.Array, k: jax.Array) -> tuple[jax.Array, ...]:
   """The lanes forms' five float32 columns: count + 1024 correct, u >> 12, u & 4095, the last
   two times correct (integers, exact in float32 sums below 2^24)."""
-  u = _units(c)
-  hi, lo = (u >> 12).astype(jnp.float32), (u & 4095).astype(jnp.float32)
+  # In float32, exactly: 1 - clip(c) is a multiple of 2^-24, so u is an integer; hi and lo
+  # are u >> 12 and u & 4095 of _units (no float-int conversions).
+  x = 1.0 - _clip(c)
+  hi = jnp.floor(x * 4096.0)
+  lo = x * 16777216.0 - 4096.0 * hi
   right = jnp.where(k, 1.0, 0.0)
   return 1.0 + 1024.0 * right, hi, lo, right * hi, right * lo
 
@@ -218,22 +234,32 @@ def _rows_kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, num_
   are compared (the rest, ``+inf`` padding, hold no sample and come out 0).
   """
   loads = block // lanes
-  step = functools.partial(_step, c_ref, k_ref, first=pl.program_id(1) * (block * steps), n=n,
-                           block=lanes, unit=unit)
+  per_program = block * steps
   thresholds = [rows_ref[r] for r in range(live)]  # this program's group of rows
+  program = pl.program_id(1)  # (read out here: Pallas' interpreter has none inside a cond)
 
-  def body(i, acc):
-    for c, k, compared in [step(i * loads + j) for j in range(loads)]:
-      columns = _lanes_columns(c, k)
-      out = []
-      for r, threshold in enumerate(thresholds):
-        above = jnp.where(compared >= threshold, 1.0, 0.0)
-        out.extend(a + above * x for a, x in zip(acc[5 * r:5 * r + 5], columns))
-      acc = tuple(out)
-    return acc
+  def sums(bounded):
+    step = functools.partial(_step, c_ref, k_ref, first=program * per_program, n=n,
+                             block=lanes, unit=unit, bounded=bounded)
 
-  zeros = jnp.zeros((lanes,), jnp.float32)
-  acc = lax.fori_loop(0, steps, body, (zeros,) * (5 * live))
+    def body(i, acc):
+      for c, k, compared in [step(i * loads + j) for j in range(loads)]:
+        columns = _lanes_columns(c, k)
+        out = []
+        for r, threshold in enumerate(thresholds):
+          above = jnp.where(compared >= threshold, 1.0, 0.0)
+          out.extend(a + above * x for a, x in zip(acc[5 * r:5 * r + 5], columns))
+        acc = tuple(out)
+      return acc
+
+    zeros = jnp.zeros((lanes,), jnp.float32)
+    return lax.fori_loop(0, steps, body, (zeros,) * (5 * live))
+
+  if n % per_program == 0:
+    acc = sums(bounded=False)
+  else:  # only the last program reads past n
+    acc = lax.cond(program < n // per_program, lambda: sums(bounded=False),
+                   lambda: sums(bounded=True))
   row = lax.broadcasted_iota(jnp.int32, (num_rows, _WIDTH), 0)
   lane = lax.broadcasted_iota(jnp.int32, (num_rows, _WIDTH), 1)
   out = jnp.zeros((num_rows, _WIDTH), jnp.int32)
