@@ -56,7 +56,7 @@ def _sweep_by_group_1d(confidences, correct, groups, thresholds, *, num_groups, 
   nonempty = sizes > 0
   safe_sizes = jnp.where(nonempty, sizes, 1.0)[:, None]
   metrics = _stats.metrics_from_sums(sums, thresholds[order], 1)
-  metrics = metrics._replace(coverage=sums.count / safe_sizes)
+  metrics = metrics._replace(coverage=_stats.divide((sums.count, safe_sizes))[0])
   inverse = jnp.zeros_like(order).at[order].set(jnp.arange(num_thresholds, dtype=order.dtype))
   # A group with no samples has nothing to measure: NaN (not an input error).
   fields = [jnp.where(nonempty[:, None], m[:, inverse], jnp.nan) for m in metrics]

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from cwsa_jax import _exact
 from cwsa_jax import _validation
@@ -217,23 +218,43 @@ class Metrics(NamedTuple):
   cwsa_plus: jax.Array
 
 
+def divide(*pairs: tuple[jax.Array, Any]) -> tuple[jax.Array, ...]:
+  """``x / y`` of each pair ``(x, y)``, elementwise and rounded once (IEEE division).
+
+  XLA turns a division by a broadcast scalar or by a constant into a
+  multiplication by its reciprocal: two roundings, 1 ulp off in about a
+  quarter of cases (coverage ``count / n``), and results that change when a
+  caller's ``jit`` closes over the thresholds. Divisors behind an
+  optimization barrier stay divisions; each is first made to depend on its
+  ``x`` (NaN where ``x`` is, as the quotient is), so that under ``vmap`` it
+  carries the batch axes of ``x`` before the barrier rather than being
+  broadcast to them after it. For small arrays (a value per threshold or bin).
+  """
+  divisors = lax.optimization_barrier(tuple(
+      jnp.where(x == x, jnp.asarray(y, x.dtype), jnp.nan) for x, y in pairs))  # noqa: PLR0124
+  return tuple(x / y for (x, _), y in zip(pairs, divisors))
+
+
 def metrics_from_sums(sums: Sums, tau: jax.Array, n) -> Metrics:
   """Coverage, selective accuracy, CWSA and CWSA+ from the retained-set sums.
 
-  Empty S gives CWSA = CWSA+ = 0 and selective accuracy NaN.
+  Empty S gives CWSA = CWSA+ = 0 and selective accuracy NaN. Each division
+  is rounded once (:func:`divide`).
   """
   count, correct, u, uk = sums
   tau = tau.astype(jnp.float32)
   one_minus_tau = 1.0 - tau
   nonempty = count > 0
   safe_count = jnp.where(nonempty, count, 1.0)
-  cwsa_sum = (2.0 * correct - count) - (2.0 * uk - u) / one_minus_tau
-  plus_sum = correct - uk / one_minus_tau
+  scaled, scaled_plus = divide((2.0 * uk - u, one_minus_tau), (uk, one_minus_tau))
+  coverage, accuracy, cwsa, cwsa_plus = divide(
+      (count, n), (correct, safe_count), ((2.0 * correct - count) - scaled, safe_count),
+      (correct - scaled_plus, safe_count))
   return Metrics(
-      coverage=count / jnp.asarray(n, jnp.float32),
-      selective_accuracy=jnp.where(nonempty, correct / safe_count, jnp.nan),
-      cwsa=jnp.where(nonempty, cwsa_sum / safe_count, 0.0),
-      cwsa_plus=jnp.where(nonempty, plus_sum / safe_count, 0.0),
+      coverage=coverage,
+      selective_accuracy=jnp.where(nonempty, accuracy, jnp.nan),
+      cwsa=jnp.where(nonempty, cwsa, 0.0),
+      cwsa_plus=jnp.where(nonempty, cwsa_plus, 0.0),
   )
 
 

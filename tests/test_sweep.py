@@ -303,3 +303,29 @@ def test_inside_jit_one_invalid_confidence_among_2_to_24_plus_1_samples_gives_na
   assert np.all(np.isfinite(np.asarray(f(c, ok, jnp.asarray(GRID)).cwsa)))
   c[12345] = np.nan
   assert np.all(np.isnan(np.asarray(f(c, ok, jnp.asarray(GRID)).cwsa)))
+
+
+def test_divisions_rounded_once_in_every_call_form():
+  """Coverage is float32(count / n) exactly, and selective accuracy float32(correct / count),
+  whatever XLA knows of the divisor: XLA turns a division by a broadcast scalar or a constant
+  into a multiplication by its reciprocal (1 ulp off in about a quarter of cases), and results
+  then changed when a jit closed over the thresholds. Eager, jitted with thresholds as an
+  argument or as constants, and vmapped over rows: the same floats."""
+  rng = np.random.default_rng(7)
+  t = np.linspace(0.0, 0.99, 50).astype(np.float32)
+  for n in (3, 7, 11, 97, 1001):
+    c = rng.random((2, n)).astype(np.float32)
+    ok = rng.random((2, n)) < c
+    eager = sweep(c, ok, t)
+    count = (c[..., None] >= t).sum(axis=-2)
+    right = ((c[..., None] >= t) & ok[..., None]).sum(axis=-2)
+    np.testing.assert_array_equal(np.asarray(eager.coverage), (count / n).astype(np.float32))
+    with np.errstate(invalid="ignore", divide="ignore"):
+      np.testing.assert_array_equal(np.asarray(eager.selective_accuracy),
+                                    (right / count).astype(np.float32))
+    forms = {"jit": jax.jit(sweep)(c, ok, t),
+             "jit_closed_over_thresholds": jax.jit(lambda c, k: sweep(c, k, t))(c, ok),
+             "vmap": jax.vmap(lambda c, k: sweep(c, k, t))(c, ok)}
+    for name, got in forms.items():
+      np.testing.assert_array_equal(_stack(got), _stack(eager), err_msg=f"n = {n}: {name}")
+    np.testing.assert_array_equal(_stack(sweep(c[1], ok[1], t)), _stack(eager)[1])
