@@ -10,8 +10,9 @@ GPU) and its Triton IR compiled for sm_90 by the ``triton`` package
 (``pip install triton``; ``--triton-python`` names an interpreter that has it,
 default this one). From the cubin (the triton wheel's ``cuobjdump``) it
 reports registers, local memory (spills), the loop's SASS instructions per
-sample, the instruction mix, and the global loads per thread in flight per
-loop step.
+sample (per program, and over the programs that read each sample: "unrolled"
+runs one per 32 mask rows), the instruction mix, and the global loads per
+thread in flight per loop step.
 
 These are static counts, not timings: they say how much work a kernel issues
 per sample and how many bytes each thread has in flight, which bound its speed
@@ -150,9 +151,13 @@ def main(argv=None) -> int:
         # program that reads past n.
         loop = min(stats["loops"], key=lambda x: x["instructions"])
         per_thread = block / (32 * warps)  # one pass of the loop: a step over the CTA's threads
+        # "unrolled" runs a program per 32 mask rows over the same samples
+        groups = -(-num_rows // 32) if form == "unrolled" else 1
         row.update(stats, loop_instructions_per_sample=loop["instructions"] / per_thread,
+                   programs_per_sample=groups,
+                   instructions_per_sample_all_programs=groups * loop["instructions"] / per_thread,
                    loads_in_flight_per_thread=loop["global_loads"])
-        print(f"{label:<40} {row['loop_instructions_per_sample']:7.1f} instr/sample "
+        print(f"{label:<40} {row['instructions_per_sample_all_programs']:7.1f} instr/sample "
               f"{stats['registers']:4d} regs {stats['local_bytes']:3d} B local "
               f"{loop['global_loads']:3d} loads/step", file=sys.stderr)
       rows.append(row)
