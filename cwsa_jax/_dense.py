@@ -23,7 +23,7 @@ Two ways to form G (:data:`FORMS`, picked per mask height by :data:`LAUNCH`):
 * no product ("lanes", "unrolled"): each thread keeps float32 accumulators
   per row and column for every sample slot it holds and adds the mask times
   each column, one fused multiply-add per row and column; every accumulator
-  stays below 2^24 (at most 1023 steps per program), so it is exact, and
+  stays below 2^24 (at most 1023 samples each), so it is exact, and
   becomes int32 once per program before the sum over the threads. At most 32
   rows per program ("unrolled" runs a program per 32 rows over the same
   samples). "unrolled" also issues several loads per thread before their

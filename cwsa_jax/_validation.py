@@ -438,9 +438,9 @@ def deferred_to_kernel(confidences: Any) -> bool:
   over the samples of its own and a wait for its result, before the kernel
   reads them again. A caller that gets True passes ``check_confidences=False``
   to :func:`samples`, runs its kernel leaving out confidences NaN or outside
-  [0, 1] (``drop_invalid``; the results of a row that lost any come out NaN)
-  and then, when any result is NaN, calls :func:`check_finite_in_unit_interval`,
-  which raises the error a check beforehand would have raised.
+  [0, 1] (``drop_invalid``) and then, when a row kept fewer than its n
+  samples, calls :func:`check_finite_in_unit_interval`, which raises the error
+  a check beforehand would have raised.
   """
   return is_concrete(confidences) and _on_accelerator(confidences)
 
