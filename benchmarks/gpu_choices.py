@@ -69,7 +69,7 @@ CONFIGS = {
          ("lanes", 128, 4, 2), ("bits", 256, 4, 2)),
     32: (("unrolled", 512, 4, 2), ("unrolled", 256, 4, 2), ("unrolled", 1024, 8, 2),
          ("unrolled", 128, 4, 2), ("lanes", 128, 4, 2), ("lanes", 256, 8, 2), ("bits", 128, 4, 2)),
-    64: (("unrolled", 128, 4, 2), ("unrolled", 128, 4, 3), ("unrolled", 64, 2, 2),
+    64: (("unrolled", 512, 4, 2), ("unrolled", 256, 8, 2), ("unrolled", 128, 4, 2),
          ("bits", 128, 4, 2), ("samples", 256, 4, 2)),
 }
 QUICK_CONFIGS = {16: (("rows", 128, 4, 2), ("samples", 128, 4, 2), ("lanes", 256, 4, 2),

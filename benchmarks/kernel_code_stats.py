@@ -11,7 +11,7 @@ GPU) and its Triton IR compiled for sm_90 by the ``triton`` package
 default this one). From the cubin (the triton wheel's ``cuobjdump``) it
 reports registers, local memory (spills), the loop's SASS instructions per
 sample (per program, and over the programs that read each sample: "unrolled"
-runs one per 32 mask rows), the instruction mix, and the global loads per
+shares more than 32 live rows evenly among programs), the instruction mix, and the global loads per
 thread in flight per loop step.
 
 These are static counts, not timings: they say how much work a kernel issues
@@ -151,8 +151,8 @@ def main(argv=None) -> int:
         # program that reads past n.
         loop = min(stats["loops"], key=lambda x: x["instructions"])
         per_thread = block / (32 * warps)  # one pass of the loop: a step over the CTA's threads
-        # "unrolled" runs a program per 32 mask rows over the same samples
-        groups = -(-num_rows // 32) if form == "unrolled" else 1
+        # "unrolled" shares more than 32 live rows evenly among programs over the same samples
+        groups = -(-live // 32) if form == "unrolled" else 1
         row.update(stats, loop_instructions_per_sample=loop["instructions"] / per_thread,
                    programs_per_sample=groups,
                    instructions_per_sample_all_programs=groups * loop["instructions"] / per_thread,

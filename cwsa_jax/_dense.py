@@ -25,8 +25,8 @@ Two ways to form G (:data:`FORMS`, picked per mask height by :data:`LAUNCH`):
   each column, one fused multiply-add per row and column; every accumulator
   stays below 2^24 (at most 1023 samples each), so it is exact, and
   becomes int32 once per program before the sum over the threads. At most 32
-  rows per program ("unrolled" runs a program per 32 rows over the same
-  samples). "unrolled" also issues several loads per thread before their
+  rows per program ("unrolled" shares more rows evenly among programs over
+  the same samples). "unrolled" also issues several loads per thread before their
   sums (more bytes in flight) and compares only the rows that can hold
   samples (T + 1 of the 16 for a sweep of 10 thresholds);
 * more rows ("bits" and the other product forms): one matrix product
@@ -54,6 +54,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
@@ -108,7 +109,8 @@ _MASKS = (1, 127, 63, 63, 63) * 2 + (0,) * (_WIDTH - _USED)
 # "lanes" at 16 rows and 128 samples per step is 128 instructions per sample in its loop,
 # with one 4-byte and one 1-byte load per thread in flight; "unrolled" at 512 samples per
 # step and 4 warps is 84 for 11 live rows (a sweep of 10 thresholds) and 108 for 15 (the
-# ECE's 15 bins), with 4 of each load in flight, 95 and 122 registers, no spills.
+# ECE's 15 bins), with 4 of each load in flight, 95 and 122 registers, no spills; for the
+# 51 of T = 50, two programs of 26 rows, 348 in all (against 407 for "bits").
 # (int8 operands with int32 accumulation, and correctness on the mask side with two products
 # of 8 columns, were measured slower on an H100: results/benchmarks/gpu_choices-d125930.json.)
 FORMS = ("rows", "samples", "bits", "lanes", "unrolled")
@@ -304,9 +306,18 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, uni
   steps = per_program // block
   num_programs = pl.cdiv(n, per_program)
   form = form or FORM or launch[0]
-  # Rows per program: all of them, but at most LANES_MAX_ROWS for "unrolled" (more rows: more
-  # programs over the same samples, which then come from the cache).
-  group = min(num_rows, LANES_MAX_ROWS) if form == "unrolled" else num_rows
+  live = num_rows if live is None else live
+  # Rows per program: all of them, but for "unrolled" at most LANES_MAX_ROWS: more live rows
+  # are shared evenly by more programs over the same samples (which then come from the
+  # cache), each given its share of the rows, padded with +inf (laid out below).
+  group, share, groups = num_rows, live, 1
+  laid = form == "unrolled" and num_rows > LANES_MAX_ROWS
+  if laid:
+    groups = max(1, -(-live // LANES_MAX_ROWS))
+    group, share = LANES_MAX_ROWS, -(-live // groups)
+    padded = jnp.concatenate([rows, jnp.full((group,), jnp.inf, rows.dtype)])
+    rows = padded[np.asarray([g * share + r if r < share else num_rows
+                              for g in range(groups) for r in range(group)])]
   num_warps = num_warps or launch[2]
   if form in _LANES_FORMS:
     # Samples per float32 accumulator: at most 1023 (count and correct count share a column).
@@ -317,15 +328,15 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, uni
     if form == "lanes":
       kernel = functools.partial(_lanes_kernel, n=n, block=block, steps=steps, unit=unit)
     else:
-      live = group if group < num_rows or live is None else live
       kernel = functools.partial(_rows_kernel, n=n, block=block, steps=steps, unit=unit,
-                                 num_rows=group, live=live, lanes=lanes)
+                                 num_rows=group, live=share, lanes=lanes)
   else:
     kernel = functools.partial(_kernel, n=n, block=block, steps=steps, unit=unit, form=form)
   sums = pl.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct((num_samples, num_programs, num_rows, _WIDTH), jnp.int32),
-      grid=(num_samples, num_programs, num_rows // group),
+      out_shape=jax.ShapeDtypeStruct((num_samples, num_programs, groups * group, _WIDTH),
+                                     jnp.int32),
+      grid=(num_samples, num_programs, groups),
       in_specs=[pl.BlockSpec((group,), lambda s, p, g: (g,)),
                 pl.BlockSpec((None, per_program), lambda s, p, g: (s, p)),
                 pl.BlockSpec((None, per_program), lambda s, p, g: (s, p))],
@@ -338,6 +349,10 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, uni
   if form == "bits":  # every column holds 128 per sample on top of its digits
     offset = sums[..., :1]
     return jnp.concatenate([offset >> 7, sums[..., 1:] - offset], axis=-1)
+  if laid:  # back to one row of sums per row, in order (rows from `live` on: 0)
+    zero = group - 1 if share < group else None  # a row no program compared
+    sums = sums[:, :, np.asarray([(j // share) * group + j % share if j < groups * share
+                                  else zero for j in range(num_rows)])]
   return sums
 
 
