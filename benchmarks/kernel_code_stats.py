@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     print(json.dumps(compile_stats(args.compile[0], int(args.compile[1]), int(args.compile[2]))))
     return 0
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-  from _common import environment, write_json_atomic  # noqa: PLC0415
+  from _common import emit  # noqa: PLC0415
   rows = []
   with tempfile.TemporaryDirectory() as scratch:
     folder = args.ttir_only or scratch
@@ -164,11 +164,9 @@ def main(argv=None) -> int:
   if args.ttir_only:
     print(json.dumps({"ttir": folder, "launches": len(rows)}))
     return 0
-  payload = {"benchmark": "kernel_code_stats", **environment(), "target": "sm_90 (H100)",
-             "n": _N, "note": "static counts of the compiled code, not timings", "rows": rows}
-  if args.out:
-    write_json_atomic(args.out, payload)
-  print(json.dumps(payload, indent=1))
+  emit("kernel_code_stats", {"target": "sm_90 (H100)", "n": _N,
+                              "note": "static counts of the compiled code, not timings",
+                              "rows": rows}, out=args.out)
   return 0
 
 

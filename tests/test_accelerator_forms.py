@@ -450,7 +450,7 @@ def test_eager_metrics_on_an_accelerator_still_raise_on_invalid_confidences(name
 
 
 @pytest.mark.parametrize("live", [20, 51])
-def test_unrolled_shares_64_rows_evenly(live):
+def test_unrolled_shares_64_rows_evenly(live, monkeypatch):
   """64 mask rows with ``live`` of them holding samples: "unrolled", which gives each program
   its share of the live rows (20: one program; 51: two of 26) and lays their
   sums back in row order, gives the product form's per-bucket sums, and 0 past ``live``."""
@@ -460,25 +460,12 @@ def test_unrolled_shares_64_rows_evenly(live):
   ok = jnp.asarray(rng.random((2, 700)) < 0.6)
   inner = np.sort(rng.random(live - 1)).astype(np.float32)
   rows = jnp.asarray(np.concatenate([[-np.inf], inner, np.full(64 - live, np.inf)]), jnp.float32)
-  with _dense_interpreted():
-    got = _dense.row_sums(c, ok, rows, unit=True, form="unrolled", block=128, per_program=512,
-                          live=live)
-    want = _dense.row_sums(c, ok, rows, unit=True, form="rows", block=128, per_program=512)
+  monkeypatch.setattr(_dense, "INTERPRET", True)
+  got = _dense.row_sums(c, ok, rows, unit=True, form="unrolled", block=128, per_program=512,
+                        live=live)
+  want = _dense.row_sums(c, ok, rows, unit=True, form="rows", block=128, per_program=512)
   # (the forms lay out their digit columns differently: compared as per-bucket sums)
   for a, b in zip(_dense._bucket_table(got, live), _dense._bucket_table(want, live)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert not np.asarray(got)[:, :, live:].any()  # rows from `live` on hold no sample
 
-
-def _dense_interpreted():
-  import contextlib
-  from cwsa_jax import _dense
-
-  @contextlib.contextmanager
-  def interpreted():
-    saved, _dense.INTERPRET = _dense.INTERPRET, True
-    try:
-      yield
-    finally:
-      _dense.INTERPRET = saved
-  return interpreted()
