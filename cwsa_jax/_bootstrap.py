@@ -1287,15 +1287,15 @@ def _areas_from_carry(carry: _AreaCarry, convention: str):
   step_rule = convention == "step"
   total, num_errors, area, generalized = carry.k, carry.e, carry.area, carry.generalized
   n = total.astype(jnp.float32)  # the resample's size: sum of m
-  aurc = area / n
-  augrc = generalized / n / n
+  aurc, augrc = _risk_coverage.areas(area, generalized, n)
   num_right = total - num_errors
   if step_rule:
     # sum_{k = r + 1}^{n} (k - r)/k / n with r correct: (E - r (H_n - H_r)) / n.
-    oracle = (num_errors.astype(jnp.float32)
-              - num_right.astype(jnp.float32) * _harmonic_difference(num_right, total)) / n
+    oracle = _stats.divide((num_errors.astype(jnp.float32)
+                            - num_right.astype(jnp.float32) * _harmonic_difference(num_right, total),
+                            n))[0]
   else:
-    oracle = 0.5 * (num_errors.astype(jnp.float32) / n) ** 2
+    oracle = 0.5 * _stats.divide((num_errors.astype(jnp.float32), n))[0] ** 2
   degenerate = (num_errors == 0) | (num_errors == total)
   eaurc = jnp.where(degenerate, 0.0, jnp.maximum(aurc - oracle, 0.0))
   return {"aurc": aurc, "augrc": augrc, "eaurc": eaurc}

@@ -77,6 +77,7 @@ from cwsa_jax import _group_areas
 from cwsa_jax import _mesh
 from cwsa_jax import _public
 from cwsa_jax import _sort
+from cwsa_jax import _stats
 from cwsa_jax import _validation
 
 CONVENTIONS = ("step", "trapezoid", "published_code")
@@ -389,13 +390,12 @@ def _published_binary(c, correct, *, with_eaurc):
     ends = lambda x: jnp.where(n > 1, 0.5 * (x[0] + x[-1]), x[0])
     return jnp.sum(cumf / positionf) - ends(cumf / positionf), jnp.sum(cumf) - ends(cumf)
 
-  risk_sum, cum_sum = trapezoid(cum.astype(jnp.float32))
-  aurc_value, augrc_value = risk_sum / n, cum_sum / n / n
+  aurc_value, augrc_value = areas(*trapezoid(cum.astype(jnp.float32)), n)
   if not with_eaurc:
     return RiskCoverageSummary(aurc_value, augrc_value, jnp.float32(jnp.nan))
   num_errors = cum[n - 1]
   m = n - num_errors  # number of correct samples
-  oracle = trapezoid(jnp.maximum(positionf - m.astype(jnp.float32), 0.0))[0] / n
+  oracle = _per_sample(trapezoid(jnp.maximum(positionf - m.astype(jnp.float32), 0.0))[0], n)
   errors_first_m = jnp.where(m > 0, cum[jnp.maximum(m - 1, 0)], 0)
   return RiskCoverageSummary(aurc_value, augrc_value, _eaurc(
       aurc_value, n, num_errors, errors_first_m, None, None, "published_code", oracle))
@@ -438,12 +438,24 @@ def _summary_kernel(c, correct, *, convention, sequential, with_eaurc):
   init = (jnp.zeros((num_chunks, width), jnp.float32), jnp.zeros((3,), jnp.int32))
   sums, counts = _scan_groups(keys, losses, reduce, init, chunk=chunk, sequential=sequential)
   total = jnp.sum(sums, axis=0)  # pairwise over chunks
-  aurc_value, augrc_value = total[0] / n, total[1] / n / n
+  aurc_value, augrc_value = areas(total[0], total[1], n)
   if not with_eaurc:
     return RiskCoverageSummary(aurc_value, augrc_value, jnp.float32(jnp.nan))
-  oracle = None if convention == "trapezoid" else total[2] / n
+  oracle = None if convention == "trapezoid" else _per_sample(total[2], n)
   return RiskCoverageSummary(aurc_value, augrc_value,
                              _eaurc(aurc_value, n, num_errors, *counts, convention, oracle))
+
+
+def _per_sample(total, n) -> jax.Array:
+  """``total / n`` rounded once: XLA would multiply by ``1 / n`` (n is static), 1 ulp off in
+  about half the cases (``_stats.divide``)."""
+  return _stats.divide((total, n))[0]
+
+
+def areas(aurc_sum, augrc_sum, n) -> tuple[jax.Array, jax.Array]:
+  """AURC ``aurc_sum / n`` and AUGRC ``augrc_sum / n / n``, each division rounded once."""
+  aurc_value, augrc_value = _stats.divide((aurc_sum, n), (augrc_sum, n))
+  return aurc_value, _per_sample(augrc_value, n)
 
 
 def _eaurc(aurc_value, n, num_errors, errors_first_m, starts_after_m, start_at_m1, convention,
@@ -458,7 +470,7 @@ def _eaurc(aurc_value, n, num_errors, errors_first_m, starts_after_m, start_at_m
   """
   m = n - num_errors
   if convention == "trapezoid":
-    error_rate = num_errors.astype(jnp.float32) / n
+    error_rate = _per_sample(num_errors.astype(jnp.float32), n)
     oracle = 0.5 * error_rate * error_rate
     optimal = (errors_first_m == 0) & (starts_after_m == 1) & (start_at_m1 == 1)
   else:
@@ -490,7 +502,7 @@ def _summary_by_tiles(c, correct, *, convention, with_eaurc):
   keys, errors = _sorted_outcomes(c, correct, keep_input_order=False, length=n + 1)
   byte = _group_areas.flags(keys, errors, n)
   aurc_sum, augrc_sum = _group_areas.area_sums(byte, convention=convention)
-  aurc_value, augrc_value = aurc_sum / n, augrc_sum / n / n
+  aurc_value, augrc_value = areas(aurc_sum, augrc_sum, n)
   if not with_eaurc:
     return RiskCoverageSummary(aurc_value, augrc_value, jnp.float32(jnp.nan))
   error, start = _group_areas.error_and_start(byte)
@@ -503,7 +515,8 @@ def _summary_by_tiles(c, correct, *, convention, with_eaurc):
   oracle = None
   if convention == "step":  # the optimal strict order: E_p = max(p - m, 0)
     end = lax.iota(jnp.int32, n) + 1
-    oracle = jnp.sum(jnp.maximum(end - m, 0).astype(jnp.float32) / end.astype(jnp.float32)) / n
+    oracle = _per_sample(
+        jnp.sum(jnp.maximum(end - m, 0).astype(jnp.float32) / end.astype(jnp.float32)), n)
   return RiskCoverageSummary(aurc_value, augrc_value,
                              _eaurc(aurc_value, n, num_errors, *counts, convention, oracle))
 
@@ -691,9 +704,10 @@ def risk_coverage_summary(confidences: Any, correct: Any, *,
 
 def _curve_point(end, cum, key, n: int):
   """(threshold, coverage, risk, generalized risk) of groups ending at ``end`` (1-based) with
-  loss ``cum`` up to there and confidence key ``key``."""
+  loss ``cum`` up to there and confidence key ``key``; every division rounded once."""
   cumf, endf = cum.astype(jnp.float32), end.astype(jnp.float32)
-  return (lax.bitcast_convert_type(key, jnp.float32), endf / n, cumf / endf, cumf / n)
+  coverage, generalized = _stats.divide((endf, n), (cumf, n))
+  return (lax.bitcast_convert_type(key, jnp.float32), coverage, cumf / endf, generalized)
 
 
 def _curve_binary_sequential(c, correct):
@@ -840,7 +854,7 @@ def _first_position(n: int, target: jax.Array) -> jax.Array:
   high = jnp.full(target.shape, n, jnp.int32)
   for _ in range(int(n).bit_length() + 1):
     mid = (low + high + 1) // 2
-    below = mid.astype(jnp.float32) / n < target
+    below = _per_sample(mid.astype(jnp.float32), n) < target
     low, high = jnp.where(below, mid, low), jnp.where(below, high, mid - 1)
   return jnp.minimum(low + 1, n)
 
@@ -911,7 +925,7 @@ def _coverage_at_risk_kernel(c, correct, target, *, sequential):
 
   init = jnp.zeros(flat.shape, jnp.int32)
   best = _scan_groups(keys, losses, reduce, init, chunk=chunk, sequential=sequential)
-  return (best.astype(jnp.float32) / n).reshape(target.shape)
+  return _per_sample(best.astype(jnp.float32), n).reshape(target.shape)
 
 
 @jax.jit

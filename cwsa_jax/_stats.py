@@ -228,11 +228,15 @@ def divide(*pairs: tuple[jax.Array, Any]) -> tuple[jax.Array, ...]:
   optimization barrier stay divisions; each is first made to depend on its
   ``x`` (NaN where ``x`` is, as the quotient is), so that under ``vmap`` it
   carries the batch axes of ``x`` before the barrier rather than being
-  broadcast to them after it. For small arrays (a value per threshold or bin).
+  broadcast to them after it. The dividends go behind the same barrier, so that
+  a quotient divided again stays two divisions (XLA would rewrite
+  ``(a / b) / c`` into ``a / (b c)``, whose product is rounded for large
+  ``b c``). Meant for small arrays; on [n] arrays the barrier materialises
+  both operands.
   """
-  divisors = lax.optimization_barrier(tuple(
-      jnp.where(x == x, jnp.asarray(y, x.dtype), jnp.nan) for x, y in pairs))  # noqa: PLR0124
-  return tuple(x / y for (x, _), y in zip(pairs, divisors))
+  operands = lax.optimization_barrier(tuple(
+      (x, jnp.where(x == x, jnp.asarray(y, x.dtype), jnp.nan)) for x, y in pairs))  # noqa: PLR0124
+  return tuple(x / y for x, y in operands)
 
 
 def metrics_from_sums(sums: Sums, tau: jax.Array, n) -> Metrics:

@@ -80,6 +80,7 @@ from cwsa_jax import _calibration
 from cwsa_jax import _confidence
 from cwsa_jax import _exact
 from cwsa_jax import _public
+from cwsa_jax import _risk_coverage
 from cwsa_jax import _sort
 from cwsa_jax import _stats
 from cwsa_jax import _sweep
@@ -672,11 +673,12 @@ def _rc_compute(hi, lo, key_min, key_max, invalid):
   g_tie, g_low = m * e_incl, jnp.where(single, m * e_incl, m * e_excl)
   bad = invalid | (n == 0)
   fin = lambda x: jnp.where(bad, jnp.nan, x)
+  (aurc, augrc), (aurc_low, augrc_low), (aurc_high, augrc_high) = (
+      _risk_coverage.areas(jnp.sum(where(a)), jnp.sum(where(g)), n)
+      for a, g in ((tie, g_tie), (low, g_low), (high, g_tie)))
   return BinnedRiskCoverage(
-      aurc=fin(jnp.sum(where(tie)) / n), aurc_low=fin(jnp.sum(where(low)) / n),
-      aurc_high=fin(jnp.sum(where(high)) / n),
-      augrc=fin(jnp.sum(where(g_tie)) / n / n), augrc_low=fin(jnp.sum(where(g_low)) / n / n),
-      augrc_high=fin(jnp.sum(where(g_tie)) / n / n),
+      aurc=fin(aurc), aurc_low=fin(aurc_low), aurc_high=fin(aurc_high),
+      augrc=fin(augrc), augrc_low=fin(augrc_low), augrc_high=fin(augrc_high),
       exact=jnp.all(single | ~nonempty) & ~bad)
 
 

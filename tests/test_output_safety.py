@@ -146,6 +146,9 @@ def test_force_refuses_a_kit_folder_with_a_foreign_file_or_folder(tmp_path, caps
 @pytest.mark.parametrize("case", ["dot", "empty", "file", "parent_is_file", "dotdot", "root",
                                   "home", "symlink"])
 def test_special_and_impossible_out_paths(tmp_path, capsys, data, monkeypatch, case):
+  # matplotlib's first import writes its font cache under $HOME (set to a new folder below):
+  # import it first, as any earlier test in the same process has.
+  import matplotlib.font_manager  # noqa: F401
   work = tmp_path / "work"
   work.mkdir()
   csv = write_csv(work / "preds.csv", data)
@@ -308,6 +311,8 @@ def _run_cli(args, cwd, *, unprivileged=False, file_size_limit=0):
   """The command line in a subprocess; optionally without root's permission override (so that
   a read-only folder stays read-only for root) or with a file-size limit (writes fail)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  if file_size_limit:  # a compilation-cache write past the limit would warn on stderr
+    env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
   return subprocess.run([sys.executable, "-c", _LAUNCHER, "1" if unprivileged else "0",
                          str(file_size_limit), *map(str, args)], cwd=cwd, capture_output=True,
                         text=True, env=env, timeout=300)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fractions
 import functools
 import zlib
 import itertools
@@ -337,6 +338,40 @@ def test_curve_matches_reference_and_is_padded():
   # Padding repeats the last point.
   np.testing.assert_array_equal(curve.coverage[m:], 1.0)
   np.testing.assert_array_equal(curve.risk[m:], curve.risk[m - 1])
+
+
+def _f32_quotient(a, b) -> np.float32:
+  """a / b (exact rationals) rounded once to float32, ties to even."""
+  q = fractions.Fraction(float(a) if isinstance(a, np.floating) else a) / b
+  x = np.float32(float(q))  # within an ulp
+  near = [np.nextafter(x, np.float32(-np.inf)), x, np.nextafter(x, np.float32(np.inf))]
+  return min(near, key=lambda y: (abs(fractions.Fraction(float(y)) - q),
+                                  int(np.float32(y).view(np.int32)) & 1))
+
+
+def test_divisions_by_n_rounded_once():
+  # n = 255 is static in every kernel, and XLA turns x / n into x * (1/n): 1 ulp off in about
+  # half the cases. Binary outcomes at n = 255 make every numerator exact (integers, or
+  # half-integers for the trapezoids), so each result must be the correctly rounded quotient.
+  n = 255
+  rng = np.random.default_rng(14)
+  parallel = _kernels(False)[0]
+  for draw in range(6):
+    conf, correct = random_case(rng, n, decimals=2)
+    for conv in CONVENTIONS:
+      twice_sum = round(2 * n * n * ref_aurc(conf, correct, conv, generalized=True))
+      want = _f32_quotient(_f32_quotient(fractions.Fraction(twice_sum, 2), n), n)
+      assert np.float32(augrc(conf, correct, convention=conv)) == want, (draw, conv)
+      assert np.float32(parallel[conv](conf, correct).augrc) == want, (draw, conv)
+    curve = risk_coverage_curve(conf, correct)
+    points = ref_points(conf, correct)
+    m = int(curve.num_points)
+    assert [_f32_quotient(k, n) for _, k, _ in points] == list(np.asarray(curve.coverage[:m]))
+    assert ([_f32_quotient(round(e), n) for _, _, e in points]
+            == list(np.asarray(curve.generalized_risk[:m])))
+  achievable = {_f32_quotient(k, n) for k in range(n + 1)}
+  found = np.asarray(coverage_at_risk(conf, correct, np.linspace(0.05, 0.6, 12)))
+  assert set(found.tolist()) <= achievable
 
 
 def ref_risk_at_coverage(conf, correct, q):
