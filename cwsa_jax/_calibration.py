@@ -282,8 +282,8 @@ def _checked_run(impl, confidences: Any, correct: Any, **options):
   c, k, invalid = _prepare(confidences, correct, check_confidences=not deferred)
   fn = functools.partial(impl, drop_invalid=deferred, **options)
   out, binned = _batched(fn, c.ndim)(c, k)
-  if deferred and (np.asarray(binned) != c.shape[-1]).any():
-    _validation.check_finite_in_unit_interval(c, "confidences")  # raises, naming the problem
+  if deferred:
+    _validation.raise_if_left_out(np.asarray(binned) != c.shape[-1], c)
   return _validation.poison(out, rows=invalid)
 
 

@@ -568,8 +568,8 @@ def _sweep(confidences, correct, thresholds, *, normalize: str) -> SweepResult:
   for _ in range(confidences.ndim - 1):
     fn = jax.vmap(fn, in_axes=(0, 0, None))  # a flattening rule, not a loop (bucket_sums)
   result = fn(confidences, correct, thresholds)
-  if deferred and np.isnan(np.asarray(result.coverage)).any():  # a row lost samples
-    _validation.check_finite_in_unit_interval(confidences, "confidences")  # raises, naming why
+  if deferred:  # a row that lost samples is NaN
+    _validation.raise_if_left_out(np.isnan(np.asarray(result.coverage)), confidences)
   if invalid is None:
     return result
   return SweepResult(result.thresholds, *_validation.poison(tuple(result[1:]), rows=invalid))

@@ -438,11 +438,16 @@ def deferred_to_kernel(confidences: Any) -> bool:
   over the samples of its own and a wait for its result, before the kernel
   reads them again. A caller that gets True passes ``check_confidences=False``
   to :func:`samples`, runs its kernel leaving out confidences NaN or outside
-  [0, 1] (``drop_invalid``) and then, when a row kept fewer than its n
-  samples, calls :func:`check_finite_in_unit_interval`, which raises the error
-  a check beforehand would have raised.
+  [0, 1] (``drop_invalid``) and then calls :func:`raise_if_left_out`.
   """
   return is_concrete(confidences) and _on_accelerator(confidences)
+
+
+def raise_if_left_out(left_out: Any, confidences: Any) -> None:
+  """After a kernel that left out invalid confidences (:func:`deferred_to_kernel`): where a
+  row lost samples (``left_out``, concrete bools), the error a check beforehand gives."""
+  if np.asarray(left_out).any():
+    check_finite_in_unit_interval(confidences, "confidences")  # raises, naming the problem
 
 
 def samples(confidences: Any, correct: Any, *, scores: bool = False,
