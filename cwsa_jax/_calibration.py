@@ -182,7 +182,7 @@ def bin_sums(confidences: jax.Array, correct: jax.Array, edges: jax.Array,
     if keep:
       ids = jnp.where(keep[0], ids, num_segments)  # out of range: dropped
     if drop_invalid:
-      ids = jnp.where((c >= 0.0) & (c <= 1.0), ids, num_segments)  # NaN fails both
+      ids = jnp.where(_validation.bad_unit(c), num_segments, ids)
     return ids, cols
 
   arrays = [confidences, correct] + ([] if mask is None else [mask])

@@ -350,7 +350,8 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, uni
     offset = sums[..., :1]
     return jnp.concatenate([offset >> 7, sums[..., 1:] - offset], axis=-1)
   if laid:  # back to one row of sums per row, in order (rows from `live` on: 0)
-    zero = group - 1 if share < group else None  # a row no program compared
+    sums = jnp.concatenate([sums, jnp.zeros_like(sums[:, :, :1])], axis=2)
+    zero = groups * group  # the row appended
     sums = sums[:, :, np.asarray([(j // share) * group + j % share if j < groups * share
                                   else zero for j in range(num_rows)])]
   return sums

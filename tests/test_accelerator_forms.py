@@ -449,11 +449,11 @@ def test_eager_metrics_on_an_accelerator_still_raise_on_invalid_confidences(name
     _COUNTED[name](jnp.asarray(c), jnp.asarray(c > 0.5))
 
 
-@pytest.mark.parametrize("live", [20, 51])
+@pytest.mark.parametrize("live", [32, 51])
 def test_unrolled_shares_64_rows_evenly(live, monkeypatch):
   """64 mask rows with ``live`` of them holding samples: "unrolled", which gives each program
-  its share of the live rows (20: one program; 51: two of 26) and lays their
-  sums back in row order, gives the product form's per-bucket sums, and 0 past ``live``."""
+  its share of the live rows (32: one program, no padding row in it; 51: two of 26) and lays
+  their sums back in row order, gives the product form's per-bucket sums, and 0 past ``live``."""
   from cwsa_jax import _dense
   rng = np.random.default_rng(live)
   c = jnp.asarray(np.round(rng.random((2, 700)), 2).astype(np.float32))
