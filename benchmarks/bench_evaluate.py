@@ -16,6 +16,13 @@ a 5M-row CSV in <= 60 s and a 2M-row one in <= 30 s with default intervals.
 ``compare`` runs ``cwsa-jax compare FILE FILE_B`` with the same flags, where
 FILE_B holds another model's predictions of the same test set (same labels,
 its own confidences and correctness).
+
+The children inherit the caller's environment, JAX's persistent compilation
+cache settings included. ``--cache-compare`` runs each command three times
+instead: with JAX's persistent compilation cache off, then with an empty
+cache folder of its own (``JAX_COMPILATION_CACHE_DIR``, every program written:
+``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0``), then again with that folder
+filled: what a user who sets those two variables saves on every later run.
 """
 
 from __future__ import annotations
@@ -58,13 +65,30 @@ def write_file(path: Path, n: int, model: int = 0) -> None:
       f.write("\n".join(f"{a},{b},{x}" for (a, b), x in zip(block, conf)) + "\n")
 
 
-def run_command(argv: list, bootstrap: int) -> dict:
-  """Runs ``cwsa-jax argv`` in a child; its own peak RSS comes from ``os.wait4``."""
+# JAX's persistent compilation cache: its environment variables (jax.config reads them at import).
+_CACHE_VARIABLES = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+                    "JAX_ENABLE_COMPILATION_CACHE")
+
+
+def cache_environment(folder: Path | None) -> dict:
+  """The caller's environment with JAX's compilation cache off (``folder`` None) or in ``folder``,
+  every compiled program written to it."""
+  env = {k: v for k, v in os.environ.items() if k not in _CACHE_VARIABLES}
+  if folder is None:
+    env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+  else:
+    env.update(JAX_COMPILATION_CACHE_DIR=str(folder), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  return env
+
+
+def run_command(argv: list, bootstrap: int, env: dict | None = None) -> dict:
+  """Runs ``cwsa-jax argv`` in a child (environment ``env``, default the caller's); its own peak
+  RSS comes from ``os.wait4``."""
   with tempfile.TemporaryFile("w+") as err:
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "cwsa_jax.cli", *map(str, argv), "--bootstrap",
                              str(bootstrap), "--no-progress"],
-                            stdout=subprocess.DEVNULL, stderr=err)
+                            stdout=subprocess.DEVNULL, stderr=err, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -81,6 +105,8 @@ def main(argv=None) -> int:
   parser.add_argument("--formats", default="csv,parquet")
   parser.add_argument("--bootstrap", type=int, default=1000)
   parser.add_argument("--commands", default="evaluate,compare")
+  parser.add_argument("--cache-compare", action="store_true",
+                      help="run each command with JAX's compilation cache off, cold and warm")
   parser.add_argument("--out", default=None)
   args = parser.parse_args(argv)
   commands = args.commands.split(",")
@@ -96,16 +122,24 @@ def main(argv=None) -> int:
       for fmt in args.formats.split(","):
         path, other = Path(tmp) / f"pred-{n}.{fmt}", Path(tmp) / f"pred-{n}-b.{fmt}"
         write_file(path, n)
-        runs = {"evaluate": lambda: ["evaluate", path, "--out", Path(tmp) / f"out-{n}-{fmt}"],
-                "compare": lambda: ["compare", path, other]}
+        runs = {"evaluate": lambda label: ["evaluate", path, "--out",
+                                           Path(tmp) / f"out-{n}-{fmt}-{label}"],
+                "compare": lambda label: ["compare", path, other]}
         if "compare" in commands:
           write_file(other, n, model=1)
         for command in commands:
-          row = {"command": command, "rows": n, "format": fmt,
-                 "file_mb": path.stat().st_size / 1e6,
-                 **run_command(runs[command](), args.bootstrap)}
-          payload["rows"].append(row)
-          print(json.dumps(row), file=sys.stderr, flush=True)
+          cache = Path(tmp) / f"jax-cache-{n}-{fmt}-{command}"
+          settings = ((("off", cache_environment(None)), ("cold", cache_environment(cache)),
+                       ("warm", cache_environment(cache))) if args.cache_compare else
+                      (("caller", None),))
+          for label, env in settings:
+            row = {"command": command, "rows": n, "format": fmt, "compilation_cache": label,
+                   "file_mb": path.stat().st_size / 1e6,
+                   **run_command(runs[command](label), args.bootstrap, env)}
+            if label != "caller":
+              row["cache_files"] = len(list(cache.iterdir())) if cache.is_dir() else 0
+            payload["rows"].append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
         for p in (path, other):
           p.unlink(missing_ok=True)
   payload["load_average_after"] = load_average()

@@ -383,6 +383,24 @@ def test_bench_evaluate_runs_evaluate_and_compare_on_csv_and_parquet(tmp_path):
     assert row["wall_s"] > 0 and row["peak_rss_mb"] > 50 and row["file_mb"] > 0
 
 
+def test_bench_evaluate_cache_compare_runs_off_cold_and_warm(tmp_path):
+  """``--cache-compare``: the cache off writes nothing; the cold run fills its folder and the warm
+  run, reading it, adds no program to it."""
+  out = tmp_path / "cache.json"
+  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_evaluate.py"),
+                         "--rows", "2000", "--formats", "csv", "--commands", "compare",
+                         "--bootstrap", "200", "--cache-compare", "--out", str(out)],
+                        capture_output=True, text=True, cwd=ROOT, timeout=300,
+                        env={**env, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["compilation_cache"] for r in rows] == ["off", "cold", "warm"]
+  assert all(r["exit"] == 0 and r["wall_s"] > 0 for r in rows), rows
+  off, cold, warm = (r["cache_files"] for r in rows)
+  assert off == 0 and cold > 0 and warm == cold
+
+
 def test_train_steps_summary_takes_the_true_median_of_even_rounds():
   import bench_train_steps  # noqa: PLC0415 (benchmarks/ is on the path above)
   rows = [{"variant": v, "steps_per_s": r} for v, r in
