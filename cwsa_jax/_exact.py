@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from cwsa_jax import _mesh
+from cwsa_jax import _sort
 
 _DIGIT_BASE = 256.0
 _CARRY_BITS = 12
@@ -356,8 +357,8 @@ def canonical(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
 def suffix_sums(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Exact reverse cumulative sums along axis 0: out[b] = sum_{b' >= b} in[b']."""
   hi, lo = _normalize(hi, lo)
-  # A parallel prefix scan: XLA:CPU runs jnp.cumsum as a much slower windowed reduction.
-  rev = lambda x: jax.lax.associative_scan(jnp.add, x, reverse=True, axis=0)  # noqa: E731
+  # _sort.cumsum: XLA:CPU runs jnp.cumsum as a much slower windowed reduction.
+  rev = lambda x: jnp.flip(_sort.cumsum(jnp.flip(x, 0)), 0)  # noqa: E731
   return _normalize(rev(hi), rev(lo))
 
 

@@ -40,6 +40,7 @@ from jax.custom_batching import custom_vmap
 from cwsa_jax import _dense
 from cwsa_jax import _exact
 from cwsa_jax import _public
+from cwsa_jax import _sort
 from cwsa_jax import _sorted_sums
 from cwsa_jax import _stats
 from cwsa_jax import _validation
@@ -91,9 +92,10 @@ def bucket_table(sorted_thresholds: jax.Array, cells: int) -> tuple[jax.Array, j
   """Per cell: index of its first threshold, number of thresholds in it; and the max count."""
   cell = _cell(sorted_thresholds, cells)
   counts = jnp.zeros((cells,), jnp.int32).at[cell].add(1)
-  # The lookups read the table inside a lax.cond (see _Buckets.switch), so XLA
-  # cannot fuse this cumulative sum into them and redo it for every sample.
-  first = jax.lax.associative_scan(jnp.add, counts) - counts
+  # A sequential scan on CPU (_sort.cumsum): as fast as a parallel one at every
+  # table size, and it compiles in a fraction of the time (the parallel scan
+  # was about a third of a sweep's compilation).
+  first = _sort.cumsum(counts) - counts
   return first, counts, jnp.max(counts)
 
 
