@@ -94,7 +94,9 @@ def bucket_table(sorted_thresholds: jax.Array, cells: int) -> tuple[jax.Array, j
   counts = jnp.zeros((cells,), jnp.int32).at[cell].add(1)
   # A sequential scan on CPU (_sort.cumsum): as fast as a parallel one at every
   # table size, and it compiles in a fraction of the time (the parallel scan
-  # was about a third of a sweep's compilation).
+  # was about a third of a sweep's compilation). Elsewhere lax.cumsum: the lookups
+  # read the table inside a lax.cond (see _Buckets.switch), so XLA cannot fuse the
+  # cumulative sum into them and redo it for every sample.
   first = _sort.cumsum(counts) - counts
   return first, counts, jnp.max(counts)
 
