@@ -1,40 +1,45 @@
 #!/usr/bin/env bash
 # The README's two commands:
-#   ./dev.sh demo   set up .venv and run the main job (synthetic demo, no data to fetch)
-#   ./dev.sh test   set up .venv and run the test suite
-#   ./dev.sh docs   set up .venv and build the documentation into docs/_build/html
+#   ./dev.sh demo   set up .venv with cwsa-jax[plots] and run the main job (synthetic demo, no data)
+#   ./dev.sh test   set up .venv with cwsa-jax[dev] and run the test suite
+#   ./dev.sh docs   set up .venv with cwsa-jax[dev] and build the documentation into docs/_build/html
 # Extra arguments are passed on (to `cwsa-jax demo`, to pytest or to sphinx-build).
 set -euo pipefail
 cd "$(dirname "$0")"
 venv="${CWSA_JAX_VENV:-.venv}"
 python="${PYTHON:-python3}"
 
+# setup EXTRA: install cwsa-jax[EXTRA] into the venv unless an install of pyproject.toml as it is
+# now already covers it ([dev] includes [plots]).
 setup() {
+  local extra="$1"
   if [ ! -x "$venv/bin/python" ]; then
     echo "[dev.sh] creating $venv" >&2
     "$python" -m venv "$venv"
   fi
-  # Reinstall only when pyproject.toml changed since the last install.
-  local stamp="$venv/.cwsa-jax-installed"
   local want
   want=$(sha256sum pyproject.toml | cut -d' ' -f1)
-  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    echo "[dev.sh] installing cwsa-jax[dev] into $venv" >&2
-    "$venv/bin/python" -m pip install --quiet --upgrade pip
-    "$venv/bin/python" -m pip install --quiet -e ".[dev]"
-    echo "$want" > "$stamp"
-  fi
+  local stamp
+  for stamp in "$venv/.cwsa-jax-installed-$extra" "$venv/.cwsa-jax-installed-dev"; do
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+      return
+    fi
+  done
+  echo "[dev.sh] installing cwsa-jax[$extra] into $venv" >&2
+  "$venv/bin/python" -m pip install --quiet --upgrade pip
+  "$venv/bin/python" -m pip install --quiet -e ".[$extra]"
+  echo "$want" > "$venv/.cwsa-jax-installed-$extra"
 }
 
 cmd="${1:-}"
 shift || true
 case "$cmd" in
   demo)
-    setup
+    setup plots
     exec "$venv/bin/cwsa-jax" demo "$@"
     ;;
   test)
-    setup
+    setup dev
     # Local copies of MNIST / CIFAR-10 for the data tests, when present beside the checkout.
     if [ -z "${CWSA_JAX_DATA_DIR:-}" ] && [ -d ../shared/data ]; then
       export CWSA_JAX_DATA_DIR="$(cd ../shared/data && pwd)"
@@ -53,10 +58,11 @@ case "$cmd" in
     # programs twice: 987 s against 829 s for the whole suite on the 2-core machine).
     # A crashed worker ends the run (failed) instead of being replaced: a replacement under
     # loadgroup was seen to wait forever for work.
-    "$venv/bin/python" -m pytest -n 2 --dist loadfile --max-worker-restart 0 "$@"
+    # --durations=15: every run ends with its slowest tests, so a slow new test shows at once.
+    "$venv/bin/python" -m pytest -n 2 --dist loadfile --max-worker-restart 0 --durations=15 "$@"
     ;;
   docs)
-    setup
+    setup dev
     # The documentation site, warnings as errors (tests/test_docs.py runs the same build in CI).
     exec "$venv/bin/python" -m sphinx -W --keep-going -b html "$@" docs docs/_build/html
     ;;
