@@ -59,22 +59,29 @@ from cwsa_jax import _calibration, _dense, _group_areas, _sweep  # noqa: E402
 
 # Launches of the dense kernels tried per mask height R (16, 32 or 64 rows): (form, samples per
 # step, warps, pipeline stages); the library's (``_dense.LAUNCH``) is always tried first.
-# (An H100 run of d125930, results/benchmarks/gpu_choices-d125930.json, also tried int8
-# operands and correctness on the mask side, and 512-2048 samples per step with 8 warps: all
-# slower than "bits" at 256 and 4 warps.)
-# "unrolled" reads a step of 512 samples with 4 warps as 4 loads of one sample per thread.
+# "unrolled" reads a step as block / (32 warps) loads of one sample per thread: with up to 2^16
+# samples per program that is at most 1023 per accumulator only from 64 lanes (2 warps) on.
 CONFIGS = {
     16: (("unrolled", 512, 4, 2), ("unrolled", 1024, 4, 2), ("unrolled", 256, 4, 2),
-         ("unrolled", 1024, 8, 2), ("unrolled", 256, 2, 2), ("unrolled", 128, 4, 2),
-         ("lanes", 128, 4, 2), ("bits", 256, 4, 2)),
+         ("unrolled", 1024, 8, 2), ("unrolled", 128, 4, 2), ("lanes", 128, 4, 2),
+         ("bits", 256, 4, 2)),
     32: (("unrolled", 512, 4, 2), ("unrolled", 256, 4, 2), ("unrolled", 1024, 8, 2),
          ("unrolled", 128, 4, 2), ("lanes", 128, 4, 2), ("lanes", 256, 8, 2), ("bits", 128, 4, 2)),
     64: (("unrolled", 512, 4, 2), ("unrolled", 256, 8, 2), ("unrolled", 128, 4, 2),
-         ("bits", 128, 4, 2), ("samples", 256, 4, 2)),
+         ("bits", 128, 4, 2), ("bits", 512, 8, 2)),
 }
-QUICK_CONFIGS = {16: (("rows", 128, 4, 2), ("samples", 128, 4, 2), ("lanes", 256, 4, 2),
-                      ("unrolled", 512, 4, 2)),
-                 32: (("lanes", 128, 4, 2),), 64: (("rows", 256, 8, 2), ("unrolled", 128, 4, 2))}
+QUICK_CONFIGS = {16: (("bits", 128, 4, 2), ("lanes", 256, 4, 2), ("unrolled", 512, 4, 2)),
+                 32: (("lanes", 128, 4, 2),), 64: (("bits", 256, 8, 2), ("unrolled", 128, 4, 2))}
+
+
+def fits(form: str, block: int, warps: int) -> bool:
+  """Whether ``_dense.row_sums`` takes this launch at its largest program (2^16 samples)."""
+  if form not in _dense.FORMS:
+    return False
+  if form not in ("lanes", "unrolled"):
+    return True
+  lanes = min(block, 32 * warps) if form == "unrolled" else block
+  return (1 << 16) // lanes <= 1023
 
 
 def cases():
@@ -238,7 +245,8 @@ def main(argv=None) -> int:
     fns = {"read_floor": lambda: floor_fn(c, ok), "scatter_sums": lambda: scatter(c, ok, rows)}
     height = _dense._num_rows(rows.shape[0] + 1)
     library = tuple(_dense.LAUNCH[height])
-    tried = (library,) + tuple(x for x in configs[height] if tuple(x) != library)
+    tried = (library,) + tuple(x for x in configs[height]
+                               if tuple(x) != library and fits(*tuple(x)[:3]))
     labels = {}
     for form, block, warps, stages in tried:
       label = f"dense_{form}_b{block}_w{warps}_s{stages}"

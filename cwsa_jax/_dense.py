@@ -29,16 +29,13 @@ Two ways to form G (:data:`FORMS`, picked per mask height by :data:`LAUNCH`):
   the same samples). "unrolled" also issues several loads per thread before their
   sums (more bytes in flight) and compares only the rows that can hold
   samples (T + 1 of the 16 for a sweep of 10 thresholds);
-* more rows ("bits" and the other product forms): one matrix product
-  ``M @ X`` per step on the tensor cores, of the 0/1 mask M [R, step] and the
-  columns' base-64 digits X [step, 16], every operand an integer of at most
-  192, exact in bfloat16, every chunk sum of at most 2^16 samples below 2^24.
+* "bits", for more rows: one matrix product ``M @ X`` per step on the tensor
+  cores, of the 0/1 mask M [R, step] and the columns' base-64 digits X
+  [step, 16], each digit written as the bfloat16 bit pattern of 128 + digit,
+  every chunk sum of at most 2^16 samples below 2^24.
 
-Measured on an H100 at n = 1e8 (``benchmarks/gpu_choices.py``,
-``results/benchmarks/gpu_choices.json``): 1.2 ms for 16 rows with "lanes"
-against 2.0 ms with "bits", 2.3 ms for 64 rows with "bits"; one read of the
-same samples takes 0.37 ms. Larger steps, more warps, int8 operands and two
-products of 8 columns were all slower (``gpu_choices-d125930.json``).
+Which launch wins on which GPU, and by how much, is measured by
+``benchmarks/gpu_choices.py`` and reported in ``docs/performance.md``.
 
 The kernels (Pallas, Triton backend) read each confidence and correctness
 once; rows of samples (leading axes, ``vmap``) are one launch. They are used
@@ -92,34 +89,13 @@ def _num_rows(num_buckets: int) -> int:
 # j >= 5 take w of the correct samples only.
 _SHIFTS = (25, 18, 12, 6, 0) * 2 + (0,) * (_WIDTH - _USED)
 _MASKS = (1, 127, 63, 63, 63) * 2 + (0,) * (_WIDTH - _USED)
-# How the kernels form G:
-#   "rows":    mask [R, block] @ digits [block, 16], digits converted int -> float -> bfloat16;
-#   "samples": mask [block, R] contracted over samples with the digits (a transposed operand);
-#   "bits":    as "rows", but each digit d written as the bfloat16 bit pattern of 128 + d
-#              (no conversion instructions); the count column holds 128 and is the offset
-#              taken off the others;
-#   "lanes":   no product (_lanes_kernel): per thread, float32 accumulators of the mask times
-#              each column (count + 1024 correct, u >> 12, u & 4095 and the last two times
-#              correct), at most LANES_MAX_ROWS rows;
-#   "unrolled": "lanes" with the rows unrolled (_rows_kernel): one 1-D accumulator per row and
-#              column, a step of block samples read as block / (32 warps) loads of one sample
-#              per thread, issued together, the +inf padding rows left out, and no bounds
-#              checks but in the last program.
-# Compiled for sm_90 (benchmarks/kernel_code_stats.py: triton 3.9 on a CPU, cuobjdump):
-# "lanes" at 16 rows and 128 samples per step is 128 instructions per sample in its loop,
-# with one 4-byte and one 1-byte load per thread in flight; "unrolled" at 512 samples per
-# step and 4 warps is 84 for 11 live rows (a sweep of 10 thresholds) and 108 for 15 (the
-# ECE's 15 bins), with 4 of each load in flight, 95 and 122 registers, no spills; for the
-# 51 of T = 50, two programs of 26 rows, 348 in all (against 407 for "bits").
-# (int8 operands with int32 accumulation, and correctness on the mask side with two products
-# of 8 columns, were measured slower on an H100: results/benchmarks/gpu_choices-d125930.json.)
-FORMS = ("rows", "samples", "bits", "lanes", "unrolled")
+FORMS = ("bits", "lanes", "unrolled")
 _LANES_FORMS = ("lanes", "unrolled")
 LANES_MAX_ROWS = 32
 # The launch per mask height R (16, 32 or 64 rows): (form, samples per step, warps, software
-# pipeline stages), the fastest measured by benchmarks/gpu_choices.py on an H100 (R = 32 was
-# not measured: the 64-row choice).
-LAUNCH = {16: ("lanes", 128, 4, 3), 32: ("bits", 256, 4, 2), 64: ("bits", 256, 4, 2)}
+# pipeline stages), the fastest exact launch benchmarks/gpu_choices.py found on the latest GPU
+# it ran on.
+LAUNCH = {16: ("unrolled", 256, 4, 2), 32: ("unrolled", 512, 4, 2), 64: ("bits", 256, 4, 2)}
 # Overrides LAUNCH's form when set (the tests run every form).
 FORM = None
 
@@ -142,7 +118,11 @@ def _step(c_ref, k_ref, i, *, first, n, block, unit, bounded=True):
   if unit:  # confidences NaN or outside [0, 1] are left out, as on the scatter path
     inside = _clip(c) == c  # NaN: False
     valid = inside if valid is None else valid & inside
-  return c, k, c if valid is None else jnp.where(valid, c, jnp.nan)
+  if valid is None:
+    return c, k, c
+  # A NaN left in c would make the lanes forms' columns NaN, and 0 * NaN poisons the thread's
+  # accumulators: the samples left out are read as 0.
+  return jnp.where(valid, c, 0.0), k, jnp.where(valid, c, jnp.nan)
 
 
 def _clip(c: jax.Array) -> jax.Array:
@@ -154,7 +134,7 @@ def _units(c: jax.Array) -> jax.Array:
   return ((1.0 - _clip(c)) * 16777216.0).astype(jnp.int32)
 
 
-def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, form):
+def _bits_kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit):
   step = functools.partial(_step, c_ref, k_ref, first=pl.program_id(1) * (block * steps), n=n,
                            block=block, unit=unit)
   rows = rows_ref[...]
@@ -163,7 +143,7 @@ def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, form):
   masks = jnp.zeros((1, _WIDTH), jnp.int32)
   for j in range(_USED):
     shifts = jnp.where(lane == j, _SHIFTS[j], shifts)
-    masks = jnp.where(lane == j, 0 if form == "bits" and j == 0 else _MASKS[j], masks)
+    masks = jnp.where(lane == j, 0 if j == 0 else _MASKS[j], masks)
   times_correct = lane >= _USED // 2
   one, zero = jnp.ones((), jnp.bfloat16), jnp.zeros((), jnp.bfloat16)
 
@@ -172,14 +152,9 @@ def _kernel(rows_ref, c_ref, k_ref, out_ref, *, n, block, steps, unit, form):
     w = _units(c) | (1 << 25)
     source = jnp.where(times_correct, jnp.where(k, w, 0)[:, None], w[:, None])
     digits = lax.shift_right_logical(source, shifts) & masks
-    if form == "bits":
-      digits = lax.bitcast_convert_type((digits | 0x4300).astype(jnp.int16), jnp.bfloat16)
-    else:
-      digits = digits.astype(jnp.float32).astype(jnp.bfloat16)
-    if form == "samples":
-      mask = jnp.where(compared[:, None] >= rows[None, :], one, zero)  # [block, R]
-      return acc + lax.dot_general(mask, digits, (((0,), (0,)), ((), ())),
-                                   preferred_element_type=jnp.float32)
+    # Digit d as the bfloat16 bit pattern of 128 + d: no conversion instructions; the count
+    # column holds 128 per sample, the offset taken off the others after the kernel.
+    digits = lax.bitcast_convert_type((digits | 0x4300).astype(jnp.int16), jnp.bfloat16)
     mask = jnp.where(rows[:, None] <= compared[None, :], one, zero)  # [R, block]
     return acc + jnp.dot(mask, digits, preferred_element_type=jnp.float32)
 
@@ -331,7 +306,7 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, uni
       kernel = functools.partial(_rows_kernel, n=n, block=block, steps=steps, unit=unit,
                                  num_rows=group, live=share, lanes=lanes)
   else:
-    kernel = functools.partial(_kernel, n=n, block=block, steps=steps, unit=unit, form=form)
+    kernel = functools.partial(_bits_kernel, n=n, block=block, steps=steps, unit=unit)
   sums = pl.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct((num_samples, num_programs, groups * group, _WIDTH),

@@ -158,10 +158,10 @@ def test_dense_gpu_form_equals_cpu_form(name, monkeypatch):
   """The CUDA kernel of ``_dense`` (through Pallas' interpreter) gives the scatter path's integers."""
   from cwsa_jax import _dense
   # every way of building the operands (_dense.FORMS) on some of the kernels
-  form = {"ece_mass": "samples", "sweep_vmapped_rows": "samples", "calibration_bins_63": "bits",
-          "sweep_default_grid": "unrolled", "sweep_unsorted_nan_threshold": "bits",
-          "sweep": "lanes", "ece_width": "lanes", "sweep_rows_of_small_n": "lanes",
-          "ece_vmapped": "unrolled", "select_threshold": "unrolled"}.get(name, "rows")
+  form = {"calibration_bins_63": "bits", "sweep_default_grid": "unrolled",
+          "sweep_unsorted_nan_threshold": "bits", "sweep": "lanes", "ece_width": "lanes",
+          "sweep_rows_of_small_n": "lanes", "ece_vmapped": "unrolled",
+          "select_threshold": "unrolled"}.get(name, "bits")
   monkeypatch.setattr(_dense, "FORM", form)
   monkeypatch.setattr(_dense, "INTERPRET", True)
   calls = _cuda_form_results(_dense, _dense_kernels()[name], monkeypatch)
@@ -463,7 +463,7 @@ def test_unrolled_shares_64_rows_evenly(live, monkeypatch):
   monkeypatch.setattr(_dense, "INTERPRET", True)
   got = _dense.row_sums(c, ok, rows, unit=True, form="unrolled", block=128, per_program=512,
                         live=live)
-  want = _dense.row_sums(c, ok, rows, unit=True, form="rows", block=128, per_program=512)
+  want = _dense.row_sums(c, ok, rows, unit=True, form="bits", block=128, per_program=512)
   # (the forms lay out their digit columns differently: compared as per-bucket sums)
   for a, b in zip(_dense._bucket_table(got, live), _dense._bucket_table(want, live)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
