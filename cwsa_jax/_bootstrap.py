@@ -79,8 +79,8 @@ POISSON_BLOCK_ELEMENTS = 1 << 24
 BLOCKS_IN_FLIGHT = 2
 
 # The programs that draw resamples ask XLA:CPU for 512-bit vector code (its default is 256):
-# the random bits are 32-bit integer rounds, about 30% faster on CPUs with AVX-512
-# (benchmarks/bench_vs_numpy.py); elsewhere the vectorizer keeps to the registers the CPU has.
+# the random bits are 32-bit integer rounds, faster on CPUs with AVX-512 (docs/performance.md);
+# elsewhere the vectorizer keeps to the registers the CPU has.
 # Other backends ignore the option.
 _RESAMPLING = dict(compiler_options={"xla_cpu_prefer_vector_width": 512})
 

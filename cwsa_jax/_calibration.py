@@ -69,9 +69,8 @@ BINNINGS = ("width", "mass")
 # Up to this many interior edges a sample's bin is a sum of comparisons with
 # every edge (fused, vectorized); above it a search.
 _COMPARE_MAX_EDGES = 32
-# Samples per chunk of the exact per-bin sums (their buffers stay in cache). With the
-# count packed into a column (``_exact.segment_sums(counted=True)``), 2^14 measured fastest
-# at n = 1e5 and 1e6 among 2^12 ... 2^18 (2^12: 20-25% slower, 2^18: 5-12% slower at 1e6).
+# Samples per chunk of the exact per-bin sums: small enough that their buffers stay in cache
+# (the fastest of the powers of two measured, docs/performance.md).
 _CHUNK_SIZE = 1 << 14
 
 

@@ -261,8 +261,7 @@ def segment_sums(
 
 # Accelerators: chunks small enough that all the chunks' tables together hold
 # about this many segments. With few segments per chunk the scatter-adds
-# contend for the same entries: on an H100, a sweep of 10 thresholds over
-# n = 1e8 (22 segments) took 73 ms in chunks of 2^18 and 5.8 ms in chunks of 2^11.
+# contend for the same entries (an order of magnitude slower on GPUs).
 _ACCELERATOR_TABLE_SEGMENTS = 1 << 21
 
 

@@ -20,7 +20,7 @@ position, with NumPy's ``np.sort`` in XLA's buffer. Where NumPy's AVX-512
 sort is slow (AMD Zen 4, :func:`_avx512_sort_is_slow`) they take a two-pass
 radix sort of 16-bit digits instead; either way the order is the same. The
 unstable ``sort`` of int32 keys has no faster NumPy form there: on Zen 4 it
-runs about 6x faster when NumPy is started with
+runs several times faster when NumPy is started with
 ``NPY_DISABLE_CPU_FEATURES=X86_V4`` (its AVX2 sort), a choice for the user's
 process that a library cannot make after NumPy is imported.
 

@@ -1,9 +1,9 @@
 """Per-bucket exact sums on GPUs for many thresholds: one sort, then prefix sums at the bucket edges.
 
 For more buckets than ``_dense`` handles (a sweep of T >= 64 thresholds), the
-scatter-adds of ``_exact.segment_sums`` are the slow part on a GPU (T = 1000
-over 10^8 samples: 19.6 ms on an H200, against 2.5 ms for one ``lax.sort`` of
-the samples; this form: 3.9 ms on an H100, ``results/benchmarks/gpu.json``). Here the samples are sorted once by the int32 key
+scatter-adds of ``_exact.segment_sums`` are the slow part on a GPU (several
+times one ``lax.sort`` of the samples; docs/performance.md). Here the samples
+are sorted once by the int32 key
 ``confidence bits << 1 | correct`` (the bits of a float32 in [0, 1] order like
 its value), so bucket ``b`` (``t_b <= c < t_{b+1}``) is the contiguous range
 of positions ``[q_b, q_{b+1})`` with ``q_b`` the number of samples below

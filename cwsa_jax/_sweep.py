@@ -164,7 +164,7 @@ def sorted_thresholds(thresholds: jax.Array) -> tuple[jax.Array, jax.Array]:
 
   Jitted: the bootstraps call it on concrete thresholds, where an
   eager ``lax.cond`` of these local branches traced and compiled again on every
-  call (56 ms each on the 2-core Intel host).
+  call.
   """
   def argsort(t):
     return jnp.argsort(t).astype(jnp.int32)
