@@ -483,7 +483,8 @@ def _display_steps(coverage: np.ndarray, *values: np.ndarray,
 
 
 def risk_coverage(curves: Any, *, title: str | None = None, figure: Any = None,
-                  labels: Mapping[str, str] | None = None) -> Figure:
+                  labels: Mapping[str, str] | None = None,
+                  general_labels: Mapping[str, str] | None = None) -> Figure:
   """Selective risk and generalized risk against coverage, side by side.
 
   Each curve is drawn as the exact step function whose area is the "step"
@@ -500,6 +501,8 @@ def risk_coverage(curves: Any, *, title: str | None = None, figure: Any = None,
     title: the figure title (default "Risk-coverage curves").
     figure: optional Figure or SubFigure to draw into.
     labels: optional legend text per name (e.g. with the AURC value).
+    general_labels: optional legend text per name on the generalized-risk panel
+      (e.g. with the AUGRC value; default ``labels``).
 
   Returns:
     The figure.
@@ -512,12 +515,13 @@ def risk_coverage(curves: Any, *, title: str | None = None, figure: Any = None,
     coverage, risk, general = _display_steps(*_curve_points(curve))
     x = np.concatenate([[0.0], coverage])
     label = (labels or {}).get(name, name)
+    general_label = (general_labels or {}).get(name, label)
     style = _model_style(i, len(curves))
     del style["marker"]
     style["linestyle"] = "-"
     ax_risk.plot(x, np.concatenate([[risk[0]], risk]), drawstyle="steps-pre", label=label, **style)
-    ax_general.plot(x, np.concatenate([[0.0], general]), drawstyle="steps-pre", label=label,
-                    **style)
+    ax_general.plot(x, np.concatenate([[0.0], general]), drawstyle="steps-pre",
+                    label=general_label, **style)
   ax_risk.set_title("Selective risk (AURC = area)")
   ax_risk.set_ylabel("selective risk (error rate among accepted)")
   ax_general.set_title("Generalized risk (AUGRC = area)")

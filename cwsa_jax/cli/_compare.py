@@ -20,6 +20,9 @@ DESCRIPTION = ("Paired percentile bootstrap of A - B for accuracy, ECE, AURC, E-
                "when both hold the true labels, not for confidence,correct files. Both models "
                "get the same resamples (Poisson row weights by default, as in `evaluate`), and "
                "each is sorted once.")
+# compare has none of evaluate's --binning and --aurc: Poisson always applies.
+RESAMPLING_HELP = ("bootstrap resamples, the same for A and B: poisson (each row weighted by a "
+                   "Poisson(1) draw; the default) or multinomial (n rows drawn with replacement)")
 HEADERS = ("metric", "A", "B", "A - B", "low", "high", "p")
 
 
@@ -77,6 +80,6 @@ def add_parser(sub) -> None:
   p.add_argument("--force", action="store_true",
                  help="replace an existing --out file written by cwsa-jax compare")
   _intervals.add_bootstrap_flags(p, default_resamples=1000, allow_zero=False)
-  _intervals.add_resampling_flag(p)
+  _intervals.add_resampling_flag(p, RESAMPLING_HELP)
   add_progress_flag(p)
   p.set_defaults(func=run)

@@ -287,6 +287,19 @@ def _choice_rows(choices: dict[str, Deployment]) -> list[list[str]]:
   return rows
 
 
+def risk_coverage_figure(names: list[str], curves: cw.RiskCoverageCurve, aurc: Any,
+                         augrc: Any) -> Figure:
+  """The demo's risk_coverage.png: the curves of the models ``names`` (``curves`` batched
+  over them, in that order), each legend with the model's area: AURC on the selective-risk
+  panel, AUGRC on the generalized-risk panel."""
+  curve_map = {name: type(curves)(*(np.asarray(x)[j] for x in curves))
+               for j, name in enumerate(names)}
+  return plots.risk_coverage(
+      curve_map, title="Risk-coverage curves (seed 0)",
+      labels={name: f"{name} (AURC {fmt(aurc[j])})" for j, name in enumerate(names)},
+      general_labels={name: f"{name} (AUGRC {fmt(augrc[j])})" for j, name in enumerate(names)})
+
+
 def _write_figures(out, cases: list[Case], conf: Any, ok: Any, metrics: Metrics,
                    per_case: list[Metrics], settings: Settings,
                    choices: dict[str, Deployment]) -> list[tuple[str, str]]:
@@ -321,10 +334,9 @@ def _write_figures(out, cases: list[Case], conf: Any, ok: Any, metrics: Metrics,
   fig.suptitle("Reliability diagrams (seed 0): per-bin accuracy vs. confidence, sample counts below")
   plots.save(fig, out / "reliability.png")
   figures.append(("reliability.png", "Seed 0 of each model. " + reliability_caption(settings)))
-  curve_map = {cases[i].name: type(curves)(*(np.asarray(x)[j] for x in curves))
-               for j, i in enumerate(models)}
-  labels = {cases[i].name: f"{cases[i].name} (AURC {fmt(metrics.aurc[i, 0])})" for i in models}
-  fig = plots.risk_coverage(curve_map, title="Risk-coverage curves (seed 0)", labels=labels)
+  fig = risk_coverage_figure([cases[i].name for i in models], curves,
+                             np.asarray(metrics.aurc)[models, 0],
+                             np.asarray(metrics.augrc)[models, 0])
   plots.save(fig, out / "risk_coverage.png")
   figures.append(("risk_coverage.png", "Selective and generalized risk vs. coverage (seed 0)."))
   fig = Figure(figsize=(16.0, 4.6), layout="constrained")

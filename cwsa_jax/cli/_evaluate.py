@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import textwrap
 from pathlib import Path
 from typing import Callable, Sequence
@@ -169,7 +170,7 @@ def print_written(args: argparse.Namespace, out: Path, figures: list) -> None:
 def run(args: argparse.Namespace) -> int:
   settings = settings_from_args(args)
   if args.stream:
-    return _stream.run(args, settings)
+    return _run_streamed(args, settings)
   if args.chunk_rows is not None:
     raise UserError("--chunk-rows goes with --stream (the rows are read in chunks anyway)")
   _intervals.check_bootstrap_flags(args, allow_zero=True)
@@ -184,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
   with stage(f"loading {name}", enabled=show):
     loaded = _io.load_inputs(paths, labels_path=args.labels, scores=args.scores,
                              group_by=args.group_by)
+  if loaded.note is not None:
+    print(loaded.note, file=sys.stderr)
   selection = load_selection(args, paths)
   with stage("metrics", enabled=show):
     report = model_report(loaded, settings, args, selection)
@@ -271,7 +274,10 @@ per group with --group-by COLUMN (CSV), and lists the most confident mistakes wi
   add_output_flags(p, default_out=DEFAULT_OUT)
   p.add_argument("--labels", metavar="FILE.npy", help="labels for a .npy scores file")
   p.add_argument("--scores", choices=_io.SCORE_KINDS, default="auto",
-                 help="how to read a score matrix: probabilities or logits (default: auto)")
+                 help="how to read a score matrix: probabilities or logits (default: auto: "
+                 "probabilities when the values lie in [0, 1] and rows sum to 1, logits when "
+                 "some value lies outside [0, 1]; a .npy matrix in [0, 1] whose rows do not sum "
+                 "to 1 is refused)")
   p.add_argument("--thresholds", metavar="SPEC",
                  help="threshold grid: START:STOP:STEP (inclusive), linspace:START:STOP:NUM or "
                  "a comma-separated list (default 0.5:0.99:0.01)")
@@ -315,3 +321,45 @@ per group with --group-by COLUMN (CSV), and lists the most confident mistakes wi
   _intervals.add_resampling_flag(p)
   add_progress_flag(p)
   p.set_defaults(func=run)
+
+
+def _run_streamed(args: argparse.Namespace, settings: Settings) -> int:
+  """``evaluate --stream``: pass 1, the exact AURC passes, the bootstrap passes, then the same
+  outputs as in memory."""
+  chunk_rows = _stream.check_flags(args, settings)
+  paths = _io.expand_inputs(args.files)
+  for path in paths:
+    if path.suffix.lower() not in _io.TABLE_EXTENSIONS:
+      raise UserError(f"{path}: --stream reads CSV and Parquet files only; load "
+                      f"{path.suffix or 'this file'} files without --stream")
+  out, inputs = output_dir(args, paths)
+  show = progress_enabled(args)
+  selection = load_selection(args, paths)
+  result = _stream.scan(paths, settings, chunk_rows, show=show)
+  budget = _stream.sort_rows()
+  summary, passes, areas = _stream.exact_areas(paths, result, settings.aurc_convention,
+                                               chunk_rows, budget=budget, show=show)
+  args.bootstrap = _intervals.bootstrap_resamples(args, result.n, refuse=False)
+  intervals, bootstrap_passes = None, 0
+  if args.bootstrap:
+    intervals, bootstrap_passes = _stream.streamed_intervals(
+        paths, result, settings, chunk_rows, args, first_pass=passes + 1,
+        budget=min(budget, _stream.BOOTSTRAP_RANGE_ROWS), show=show)
+  report = _metrics.ModelReport(metrics=_stream.stream_metrics(result, summary, settings),
+                                threshold_choice=_stream.deployment(result, selection, settings,
+                                                                    args.select_on))
+  source = _io.table_source(paths, result.labels)
+  notes = _stream.notes(result, passes, chunk_rows)
+  streaming_json = {"chunk_rows": chunk_rows, "sort_rows": budget, "passes": passes,
+                    "bootstrap_passes": bootstrap_passes, "aurc_exact": True,
+                    "distinct_confidences": areas.groups,
+                    "omitted": ["classes"] if result.labels is not None else []}
+  draw = _stream.figure_drawer(result, report, settings, _io.inputs_name(paths))
+  figures = write_outputs(args, out, inputs, paths, source=source, report=report,
+                          settings=settings, draw=draw, streaming=streaming_json, notes=notes,
+                          intervals=intervals)
+  print_summary(source, report, settings)
+  print("\n" + "\n".join(notes))
+  print_intervals(report, intervals, settings)
+  print_written(args, out, figures)
+  return 0

@@ -128,12 +128,14 @@ def _as_numpy(values: IntervalMetrics) -> IntervalMetrics:
   return IntervalMetrics(*map(np.asarray, values))
 
 
-def add_resampling_flag(p: argparse.ArgumentParser) -> None:
-  """--resampling poisson|multinomial (evaluate, compare)."""
-  p.add_argument("--resampling", choices=_bootstrap.RESAMPLING,
-                 help="bootstrap resamples: poisson (each row weighted by a Poisson(1) draw; "
-                 "the default where it applies: --binning width and --aurc step or trapezoid) "
-                 "or multinomial (n rows drawn with replacement; the default otherwise)")
+RESAMPLING_HELP = ("bootstrap resamples: poisson (each row weighted by a Poisson(1) draw; "
+                   "the default where it applies: --binning width and --aurc step or trapezoid) "
+                   "or multinomial (n rows drawn with replacement; the default otherwise)")
+
+
+def add_resampling_flag(p: argparse.ArgumentParser, help: str = RESAMPLING_HELP) -> None:
+  """--resampling poisson|multinomial (evaluate, compare), described by ``help``."""
+  p.add_argument("--resampling", choices=_bootstrap.RESAMPLING, help=help)
 
 
 def resampling_scheme(settings: Settings, requested: str | None) -> str:

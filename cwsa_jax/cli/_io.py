@@ -18,7 +18,11 @@ Supported files (chosen by extension):
 * ``.npy`` with probabilities or logits [n, K]; the labels come from a second
   ``.npy`` file (``--labels``). Whether the scores are probabilities is decided
   by ``scores=``: ``"auto"`` takes them as probabilities when every value is
-  in [0, 1] and every row sums to 1 (within 1e-3), else as logits.
+  in [0, 1] and every row sums to 1 (within ``PROBABILITY_TOLERANCE``, 1e-3),
+  as logits when some value lies outside [0, 1], and refuses values all in
+  [0, 1] whose rows do not sum to 1 (neither probabilities nor, most likely,
+  logits: ``--scores logits`` reads them as logits). What it chose is stated
+  in :attr:`LoadedPredictions.note`.
 
 Confidences must lie in [0, 1]; values within 1e-6 outside (float32 rounding
 of a softmax) are clipped. Every problem raises
@@ -44,6 +48,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
+from cwsa_jax._validation import PROBABILITY_TOLERANCE
 from cwsa_jax.cli import _csv, _parquet
 from cwsa_jax.cli._csv import iter_csv_chunks
 from cwsa_jax.cli._util import UserError
@@ -52,7 +57,7 @@ EXTENSIONS = (".csv", ".parquet", ".npz", ".npy")
 TABLE_EXTENSIONS = (".csv", ".parquet")  # the files a folder input contributes; --group-by
 SCORE_KINDS = ("auto", "probs", "logits")
 _CONFIDENCE_SLACK = 1e-6
-_PROBS_ATOL = 1e-3
+_PROBS_ATOL = PROBABILITY_TOLERANCE
 
 
 class LoadedPredictions(NamedTuple):
@@ -72,6 +77,9 @@ class LoadedPredictions(NamedTuple):
     group_names: the group labels, in id order (sorted), else None.
     class_names: for a CSV with class names (not integers), the names of the
       label ids (the sorted names seen in y_true and y_pred), else None.
+    note: one line for stderr on how the file was read where the reader chose
+      (a ``.npy`` score matrix under ``scores="auto"``: probabilities or logits),
+      else None.
   """
   confidences: np.ndarray
   correct: np.ndarray
@@ -83,6 +91,7 @@ class LoadedPredictions(NamedTuple):
   groups: np.ndarray | None = None
   group_names: tuple[str, ...] | None = None
   class_names: tuple[str, ...] | None = None
+  note: str | None = None
 
 
 def load_predictions(path: str | os.PathLike, *, labels_path: str | os.PathLike | None = None,
@@ -513,19 +522,33 @@ def _load_npy(path: Path, labels_path, scores: str) -> LoadedPredictions:
   values = _load_array(path)
   labels = _load_array(labels_path)
   values = _numeric(path, values, "scores")
-  if scores == "auto":
-    kind = "probs" if _looks_like_probs(values) else "logits"
-  else:
-    kind = scores
-  return _from_scores(path, values, labels_path, labels, kind,
-                      f"{path.name} ({kind}) + {labels_path.name} (labels)")
+  kind, reason = (_auto_kind(path, values) if scores == "auto" else (scores, None))
+  loaded = _from_scores(path, values, labels_path, labels, kind,
+                        f"{path.name} ({kind}) + {labels_path.name} (labels)")
+  if reason is None:
+    return loaded
+  words = "logits" if kind == "logits" else "probabilities"
+  return loaded._replace(note=f"{path.name}: scores read as {words} (--scores auto: {reason})")
 
 
-def _looks_like_probs(values: np.ndarray) -> bool:
+def _auto_kind(path: Path, values: np.ndarray) -> tuple[str, str]:
+  """``--scores auto`` on a ``.npy`` matrix: ("probs" or "logits", why).
+
+  Raises:
+    UserError: every value lies in [0, 1] but a row does not sum to 1: not
+      probabilities, and unlikely to be logits (``--scores logits`` if they are).
+  """
   if values.ndim != 2 or values.size == 0:
-    return True  # let _from_scores report the shape problem
-  return bool(values.min() >= 0.0 and values.max() <= 1.0
-              and np.all(np.abs(values.sum(axis=1) - 1.0) <= _PROBS_ATOL))
+    return "probs", "no score matrix"  # _from_scores reports the shape problem
+  if values.min() < -_CONFIDENCE_SLACK or values.max() > 1.0 + _CONFIDENCE_SLACK:
+    return "logits", "values outside [0, 1]"
+  err = np.abs(values.sum(axis=1) - 1.0)
+  if err.max() > _PROBS_ATOL:
+    row = int(np.argmax(err))
+    raise UserError(f"{path}: scores lie in [0, 1] but are not probabilities: row {row} sums to "
+                    f"{values[row].sum():.6g}, not 1 (tolerance {_PROBS_ATOL:g}); "
+                    "if they are logits, use --scores logits")
+  return "probs", "values in [0, 1], rows sum to 1"
 
 
 def _numeric(path: Path, array: np.ndarray, name: str) -> np.ndarray:

@@ -85,6 +85,9 @@ def parse_thresholds(spec: str) -> np.ndarray:
       start, stop, step = (float(x) for x in text.split(":"))
       if step <= 0:
         raise ValueError("step must be > 0")
+      if stop < start:
+        raise UserError(f"--thresholds {spec!r}: STOP {stop:g} is below START {start:g} "
+                        "(START:STOP:STEP counts up from START to STOP)")
       count = int(math.floor((stop - start) / step + 1e-9)) + 1
       if count < 1 or count > 100_000:
         raise ValueError(f"{count} thresholds")
@@ -97,5 +100,9 @@ def parse_thresholds(spec: str) -> np.ndarray:
   if values.size < 1:
     raise UserError(f"--thresholds {spec!r}: no thresholds")
   if not np.all(np.isfinite(values)) or values.min() < 0 or values.max() >= 1:
-    raise UserError(f"--thresholds {spec!r}: thresholds must lie in [0, 1)")
+    bad = values[~((values >= 0) & (values < 1))]
+    given = ", ".join(f"{x:g}" for x in bad[:4])
+    if bad.size > 4:
+      given += f" and {bad.size - 4} more"
+    raise UserError(f"--thresholds {spec!r}: thresholds must lie in [0, 1), got {given}")
   return np.unique(values.astype(np.float32))

@@ -57,7 +57,7 @@ import cwsa_jax as cw
 from cwsa_jax import _bootstrap, streaming
 from cwsa_jax.cli import _figures, _intervals, _io, _metrics
 from cwsa_jax.cli._settings import Settings
-from cwsa_jax.cli._util import UserError, progress_bar, progress_enabled
+from cwsa_jax.cli._util import UserError, progress_bar
 
 DEFAULT_CHUNK_ROWS = 1 << 18
 # Rows whose keys one refinement pass holds and sorts (4 bytes each: 64 MiB); their tie groups
@@ -470,7 +470,7 @@ def stream_metrics(result: Scan, risk_coverage: cw.RiskCoverageSummary,
       result=result.sweep.compute(normalize=settings.normalize), settings=settings)
 
 
-def _deployment(result: Scan, selection: Any, settings: Settings,
+def deployment(result: Scan, selection: Any, settings: Settings,
                 select_on: str | None) -> _metrics.Deployment:
   """The deployment threshold: in-sample from the streamed sweep, or chosen on the (in-memory)
   ``selection`` and read off the streamed sweep at that grid threshold."""
@@ -520,50 +520,7 @@ def sort_rows() -> int:
   return max(1, int(value)) if value.strip() else DEFAULT_SORT_ROWS
 
 
-def run(args: argparse.Namespace, settings: Settings) -> int:
-  """``evaluate --stream``: pass 1, the exact AURC passes, the bootstrap passes, then the same
-  outputs as in memory."""
-  from cwsa_jax.cli import _evaluate  # noqa: PLC0415  (it imports this module)
-  chunk_rows = check_flags(args, settings)
-  paths = _io.expand_inputs(args.files)
-  for path in paths:
-    if path.suffix.lower() not in _io.TABLE_EXTENSIONS:
-      raise UserError(f"{path}: --stream reads CSV and Parquet files only; load "
-                      f"{path.suffix or 'this file'} files without --stream")
-  out, inputs = _evaluate.output_dir(args, paths)
-  show = progress_enabled(args)
-  selection = _evaluate.load_selection(args, paths)
-  result = scan(paths, settings, chunk_rows, show=show)
-  budget = sort_rows()
-  summary, passes, areas = exact_areas(paths, result, settings.aurc_convention, chunk_rows,
-                                       budget=budget, show=show)
-  args.bootstrap = _intervals.bootstrap_resamples(args, result.n, refuse=False)
-  intervals, bootstrap_passes = None, 0
-  if args.bootstrap:
-    intervals, bootstrap_passes = streamed_intervals(
-        paths, result, settings, chunk_rows, args, first_pass=passes + 1,
-        budget=min(budget, BOOTSTRAP_RANGE_ROWS), show=show)
-  report = _metrics.ModelReport(metrics=stream_metrics(result, summary, settings),
-                                threshold_choice=_deployment(result, selection, settings,
-                                                             args.select_on))
-  source = _io.table_source(paths, result.labels)
-  notes = _notes(result, passes, chunk_rows)
-  streaming_json = {"chunk_rows": chunk_rows, "sort_rows": budget, "passes": passes,
-                    "bootstrap_passes": bootstrap_passes, "aurc_exact": True,
-                    "distinct_confidences": areas.groups,
-                    "omitted": ["classes"] if result.labels is not None else []}
-  draw = _draw(result, report, settings, _io.inputs_name(paths))
-  figures = _evaluate.write_outputs(args, out, inputs, paths, source=source, report=report,
-                                    settings=settings, draw=draw, streaming=streaming_json,
-                                    notes=notes, intervals=intervals)
-  _evaluate.print_summary(source, report, settings)
-  print("\n" + "\n".join(notes))
-  _evaluate.print_intervals(report, intervals, settings)
-  _evaluate.print_written(args, out, figures)
-  return 0
-
-
-def _notes(result: Scan, passes: int, chunk_rows: int) -> list[str]:
+def notes(result: Scan, passes: int, chunk_rows: int) -> list[str]:
   """How the streamed report was computed and what it leaves out."""
   notes = [f"Streamed (--stream): {result.n:,} rows read in chunks of at most {chunk_rows:,}; "
            "the sweep, accuracy and ECE are exact sums over the chunks, and AURC, AUGRC and "
@@ -575,7 +532,7 @@ def _notes(result: Scan, passes: int, chunk_rows: int) -> list[str]:
   return notes
 
 
-def _draw(result: Scan, report: _metrics.ModelReport, settings: Settings,
+def figure_drawer(result: Scan, report: _metrics.ModelReport, settings: Settings,
           name: str) -> Callable[[Path], list[tuple[str, str]]]:
   def draw(folder: Path) -> list[tuple[str, str]]:
     return _figures.draw_model_figures(
