@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 import numpy as np
 
@@ -16,18 +17,28 @@ HELP = "paired comparison of two models' predictions on the same test set"
 DESCRIPTION = ("Paired percentile bootstrap of A - B for accuracy, ECE, AURC, E-AURC, AUGRC and "
                "CWSA, CWSA+, selective accuracy and coverage at the given thresholds: the "
                "difference, its interval and a two-sided p-value. Both files must hold the same "
-               "test samples in the same order (same formats as `evaluate`); that is checked only "
-               "when both hold the true labels, not for confidence,correct files. Both models "
-               "get the same resamples (Poisson row weights by default, as in `evaluate`), and "
-               "each is sorted once.")
+               "test samples in the same order (the formats of `evaluate` but .npy); that is "
+               "checked only when both hold the true labels, not for confidence,correct files. "
+               "Both models get the same resamples (Poisson row weights by default, as in "
+               "`evaluate`), and each is sorted once.")
 # compare has none of evaluate's --binning and --aurc: Poisson always applies.
 RESAMPLING_HELP = ("bootstrap resamples, the same for A and B: poisson (each row weighted by a "
                    "Poisson(1) draw; the default) or multinomial (n rows drawn with replacement)")
 HEADERS = ("metric", "A", "B", "A - B", "low", "high", "p")
 
 
+def _refuse_npy(*paths: str) -> None:
+  """compare takes no --labels, so a bare .npy score matrix (no labels) cannot be compared."""
+  for path in paths:
+    if str(path).lower().endswith(".npy"):
+      raise UserError(f"{path}: compare cannot read a .npy file (it holds only the scores, and "
+                      "compare takes no --labels): save the scores and labels together as an "
+                      ".npz, e.g. np.savez('a.npz', probs=probs, labels=labels)")
+
+
 def run(args: argparse.Namespace) -> int:
   _intervals.check_bootstrap_flags(args, allow_zero=False)
+  _refuse_npy(args.a, args.b)
   thresholds = tuple(float(t) for t in parse_thresholds(args.thresholds))
   if args.out is not None:
     _output.check_output_file(args.out, force=args.force, command="compare",
@@ -51,7 +62,14 @@ def run(args: argparse.Namespace) -> int:
   print(f"A = {args.a}\nB = {args.b}\nn = {len(a.confidences)} (paired), {args.bootstrap} "
         f"{comp.resampling} resamples, {args.level:.0%} intervals of A - B, two-sided bootstrap "
         "p-values")
-  print(text_table(HEADERS, _intervals.comparison_rows(comp, thresholds)))
+  rows = _intervals.comparison_rows(comp, thresholds)
+  print(text_table(HEADERS, rows))
+  for note in _intervals.outside_notes(rows):
+    print(textwrap.fill(note, width=100))
+  left_out = _intervals.compared_thresholds(thresholds)[1]
+  if left_out is not None:
+    print(f"{left_out}; " + (f"{args.out} holds every threshold" if args.out is not None else
+                             "--out FILE.json writes every threshold"))
   unchecked = [str(f) for f, labels in ((args.a, labels_a), (args.b, labels_b)) if labels is None]
   if unchecked:
     print(f"\nnote: {' and '.join(unchecked)} {'hold' if len(unchecked) > 1 else 'holds'} no "
@@ -63,14 +81,16 @@ def run(args: argparse.Namespace) -> int:
     _output.write_output_file(args.out, _output.json_text(
         {"command": "compare", "a": str(args.a), "b": str(args.b), "n": len(a.confidences),
          "labels_checked": not unchecked, "settings": _json.settings_json(settings),
-         **_json.comparison_json(comp)}))
+         **_json.comparison_json(comp),
+         **_intervals.outside_json(comp.difference, comp.low, comp.high)}))
     print(f"\nWrote {args.out}")
   return 0
 
 
 def add_parser(sub) -> None:
   p = sub.add_parser("compare", help=HELP, description=DESCRIPTION)
-  p.add_argument("a", help="predictions of model A (.csv, .parquet, .npz or .npy)")
+  p.add_argument("a", help="predictions of model A (.csv, .parquet or .npz; not .npy: "
+                 "compare takes no --labels)")
   p.add_argument("b", help="predictions of model B")
   p.add_argument("--thresholds", default="0.5,0.9", metavar="SPEC",
                  help="thresholds for CWSA & co. (default 0.5,0.9; same syntax as evaluate)")

@@ -14,8 +14,10 @@ parsed by one of two paths that accept exactly the same files:
 
 Bytes are decoded as Latin-1 (every byte is valid), so a byte that is not UTF-8
 in a column the kit does not read never rejects the file; only text that is
-shown (class names, group labels, cells in messages) is decoded as UTF-8, with
-backslash escapes for invalid bytes.
+shown is decoded as UTF-8: class names must be UTF-8 (a Latin-1 or Windows-1252
+name is refused in one line naming the line and the byte, not shown mangled in
+the report), group labels show invalid bytes as backslash escapes, and cells in
+messages as U+FFFD.
 """
 
 from __future__ import annotations
@@ -157,7 +159,7 @@ def _chunks(path: Path, f, chunk_rows: int, group_by: str | None) -> Iterator[Cs
         _check_nul(path, line, first + i)
     chunk = None
     if b'"' not in block:
-      chunk = _fast_block(layout, labels, block, lines, first)
+      chunk = _fast_block(path, layout, labels, block, lines, first)
     if chunk is None:
       text = [line.decode("latin-1") for line in lines]
       records = _records(path, text, first, more, layout.delimiter)
@@ -275,8 +277,8 @@ def _layout(path: Path, delimiter: str, fields: list[str], names: list[str],
 # --------------------------------------------------------------------------
 
 
-def _fast_block(layout: _Layout, labels: _LabelKind, block: bytes, lines: list[bytes],
-                first: int) -> CsvChunk | None:
+def _fast_block(path: Path, layout: _Layout, labels: _LabelKind, block: bytes,
+                lines: list[bytes], first: int) -> CsvChunk | None:
   """The block parsed by NumPy, or None if anything needs the careful path."""
   if layout.group is not None and layout.group in layout.columns.values():
     return None
@@ -321,7 +323,7 @@ def _fast_block(layout: _Layout, labels: _LabelKind, block: bytes, lines: list[b
       return None
     correct = y_true == y_pred
     first_label = str(y_true[0])
-    y_true, y_pred = _display(y_true), _display(y_pred)
+    y_true, y_pred = _class_names(path, y_true, y_pred, first + present)
   if layout.group is not None:
     groups = _fast_text(table["group"])
     if groups is None:
@@ -449,7 +451,7 @@ def _careful_block(path: Path, layout: _Layout, labels: _LabelKind,
     y_true, y_pred = _label_cells(path, labels, cells["y_true"], cells["y_pred"], lines, comma)
     correct = y_true == y_pred
     if y_true.dtype.kind == "U":
-      y_true, y_pred = _display(y_true), _display(y_pred)
+      y_true, y_pred = _class_names(path, y_true, y_pred, lines)
   if layout.group is not None:
     group_cells = [fields[layout.group].strip(_SPACE) for _, fields in rows]
     _check_not_empty(path, group_cells, layout.group_name, lines)
@@ -571,6 +573,56 @@ def _display(cells: np.ndarray) -> np.ndarray:
     return cells.astype(str)
   unique, inverse = np.unique(cells, return_inverse=True)
   return np.array([_text(u) for u in unique.tolist()], dtype=str)[inverse]
+
+
+def _utf8(cells: np.ndarray) -> tuple[np.ndarray | None, int | None]:
+  """Latin-1-decoded cells as the UTF-8 text they hold (each distinct value decoded once) and
+  None; or None and the index of the first cell that is not UTF-8."""
+  unique, inverse = np.unique(cells, return_inverse=True)
+  texts, bad = [], []
+  for k, cell in enumerate(unique.tolist()):
+    try:
+      texts.append(cell.encode("latin-1").decode("utf-8"))
+    except UnicodeDecodeError:
+      texts.append("")
+      bad.append(k)
+  if bad:
+    return None, int(np.flatnonzero(np.isin(inverse, bad))[0])
+  return np.array(texts, dtype=str)[inverse], None
+
+
+def _bad_byte(cell: str) -> tuple[int, int]:
+  """(offset, value) of the first byte of a Latin-1-decoded cell that is not UTF-8."""
+  raw = cell.encode("latin-1")
+  try:
+    raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    return e.start, raw[e.start]
+  return len(raw), 0
+
+
+def _class_names(path: Path, y_true: np.ndarray, y_pred: np.ndarray,
+                 lines) -> tuple[np.ndarray, np.ndarray]:
+  """Class-name cells (Latin-1-decoded) as the UTF-8 text they hold.
+
+  Raises:
+    UserError: a name is not UTF-8 (say a Latin-1 file): the first such cell in the file,
+      its line and byte, and how to fix it.
+  """
+  if not y_true.size:
+    return y_true.astype(str), y_pred.astype(str)
+  columns = (("y_true", y_true), ("y_pred", y_pred))
+  decoded = [_utf8(cells) for _, cells in columns]
+  bad = [(first, k) for k, (_, first) in enumerate(decoded) if first is not None]
+  if bad:
+    first, k = min(bad)
+    name, cells = columns[k]
+    offset, byte = _bad_byte(cells[first])
+    raise UserError(f"{path}: line {int(lines[first])}: {name} {_shown(cells[first])} is not "
+                    f"UTF-8 text (byte 0x{byte:02x} at byte {offset} of the cell); the file "
+                    "looks Latin-1 or Windows-1252 encoded: save it as UTF-8 "
+                    "(e.g. iconv -f latin1 -t utf-8)")
+  return decoded[0][0], decoded[1][0]
 
 
 def _shown(cell: str, *, quote: bool = True) -> str:

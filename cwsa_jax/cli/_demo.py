@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import textwrap
 import time
 from typing import Any, NamedTuple
 
@@ -206,18 +207,59 @@ def _calibration_split(conf: Any, ok: Any, settings: Settings) -> CalibrationSpl
       accuracy=float(np.asarray(ok, np.float64).mean()))
 
 
+# Why "calibrated" can have the larger ECE: in report.md's bullet and under the terminal table.
+_ECE_REASON = ("ECE asks whether confidence equals accuracy within each confidence bin, not "
+               "whether it separates right from wrong")
+_ECE_VERDICT = ("By ECE the \"overconfident\" model is the better calibrated one; by E-AURC "
+                "(how well confidence ranks right above wrong) the \"calibrated\" one is.")
+_ECE_PAIR = ("calibrated", "overconfident")
+
+
+class _EcePair(NamedTuple):
+  """Seed means of ECE and E-AURC of "calibrated" and "overconfident", and their case indices."""
+  ece: dict[str, float]
+  eaurc: dict[str, float]
+  index: dict[str, int]
+
+
+def _ece_pair(cases: list[Case], summaries: list[Metrics], settings: Settings) -> _EcePair | None:
+  """The numbers behind the ECE explanation, or None when "calibrated" does not have the
+  larger ECE (L1) of the two (or either model is missing)."""
+  index = {case.name: i for i, case in enumerate(cases) if case.group == "model"}
+  if not set(_ECE_PAIR) <= set(index) or settings.ece_norm != "l1":
+    return None
+  ece = {m: float(summaries[index[m]].ece.mean) for m in _ECE_PAIR}
+  if not ece["overconfident"] > 0 or ece["calibrated"] <= ece["overconfident"]:
+    return None
+  eaurc = {m: float(summaries[index[m]].eaurc.mean) for m in _ECE_PAIR}
+  return _EcePair(ece, eaurc, index)
+
+
+def _ece_note(cases: list[Case], summaries: list[Metrics], settings: Settings) -> str | None:
+  """The reason of :func:`_ece_explanation` in short, for the terminal under the summary
+  table (the table shows "calibrated" with the larger ECE); None when there is none."""
+  pair = _ece_pair(cases, summaries, settings)
+  if pair is None:
+    return None
+  ece, eaurc = pair.ece, pair.eaurc
+  note = (f"Why \"calibrated\" has {ece['calibrated'] / ece['overconfident']:.1f}× the ECE of "
+          f"\"overconfident\" ({fmt(ece['calibrated'])} vs {fmt(ece['overconfident'])}): the "
+          f"paper names the models after their confidence ranges, and {_ECE_REASON}.")
+  if eaurc["calibrated"] < eaurc["overconfident"]:
+    note += (f" {_ECE_VERDICT[:-1]} (E-AURC {fmt(eaurc['calibrated'])} vs "
+             f"{fmt(eaurc['overconfident'])}).")
+  return note + " Details in report.md."
+
+
 def _ece_explanation(cases: list[Case], conf: Any, ok: Any, summaries: list[Metrics],
                      settings: Settings) -> list[str]:
   """A bullet saying, from the numbers, why "calibrated" has a larger ECE than "overconfident"."""
-  index = {case.name: i for i, case in enumerate(cases) if case.group == "model"}
-  if not {"calibrated", "overconfident"} <= set(index) or settings.ece_norm != "l1":
+  pair = _ece_pair(cases, summaries, settings)
+  if pair is None:
     return []
-  ece = {m: float(summaries[index[m]].ece.mean) for m in ("calibrated", "overconfident")}
-  if not ece["overconfident"] > 0 or ece["calibrated"] <= ece["overconfident"]:
-    return []
+  ece, eaurc, index = pair
   cal, over = (_calibration_split(np.asarray(conf[index[m]]), np.asarray(ok[index[m]]), settings)
-               for m in ("calibrated", "overconfident"))
-  eaurc = {m: float(summaries[index[m]].eaurc.mean) for m in ("calibrated", "overconfident")}
+               for m in _ECE_PAIR)
   params = synthetic.PAPER_PARAMETERS
   f = fmt
   right, wrong = params["calibrated"]["correct_confidence"], params["calibrated"]["wrong_confidence"]
@@ -231,8 +273,7 @@ def _ece_explanation(cases: list[Case], conf: Any, ok: Any, summaries: list[Metr
   lines = [
       f"- **Why \"calibrated\" has {ece['calibrated'] / ece['overconfident']:.1f}× the ECE of "
       f"\"overconfident\"** ({f(ece['calibrated'])} vs {f(ece['overconfident'])}, seed means): "
-      "the paper names the models after their confidence ranges, and ECE asks whether confidence "
-      "equals accuracy within each confidence bin, not whether it separates right from wrong. "
+      f"the paper names the models after their confidence ranges, and {_ECE_REASON}. "
       f"The calibrated model gives right predictions U[{right[0]:g}, {right[1]:g}] and wrong ones "
       f"U[{wrong[0]:g}, {wrong[1]:g}] (E-AURC {f(eaurc['calibrated'])}); the bins holding "
       f"{cal.under.share:.0%} of its predictions have accuracy {f(cal.under.accuracy)} "
@@ -245,8 +286,7 @@ def _ece_explanation(cases: list[Case], conf: Any, ok: Any, summaries: list[Metr
       f"confidence is more than {f(over.max_gap)} from its accuracy (pooled over seeds).",
   ]
   if eaurc["calibrated"] < eaurc["overconfident"]:
-    lines[0] += (" By ECE the \"overconfident\" model is the better calibrated one; by E-AURC "
-                 "(how well confidence ranks right above wrong) the \"calibrated\" one is.")
+    lines[0] += " " + _ECE_VERDICT
   return lines
 
 
@@ -386,6 +426,9 @@ def run(args: argparse.Namespace) -> int:
   print(text_table(
       _summary_headers(),
       [_summary_row(cases[i].name, summaries[i], thresholds, with_std=False) for i in model_idx]))
+  note = _ece_note(cases, summaries, settings)
+  if note is not None:
+    print("\n" + textwrap.fill(note, width=100))
 
   with _output.atomic_output_dir(out, force=args.force, command="demo",
                                  hint=_synthetic.out_hint(DEFAULT_OUT)) as tmp:

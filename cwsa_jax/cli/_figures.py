@@ -11,6 +11,10 @@ from cwsa_jax.cli._format import fmt
 from cwsa_jax.cli._metrics import Deployment, Metrics
 from cwsa_jax.cli._settings import Settings
 
+# The CWSA the deployment threshold maximises, in a legend entry (beside a "CWSA ÷ n" curve
+# under --normalize all).
+SELECTION_CWSA_SHORT = "CWSA ÷ |S|"
+
 
 def reliability_caption(settings: Settings) -> str:
   """Caption of a reliability diagram: bins, gap colours and the minimum count."""
@@ -30,7 +34,7 @@ def threshold_marker(deployment: Deployment | None) -> dict[str, Any]:
            if deployment.held_out else "in-sample, coverage ≥ ")
   return {"marker": deployment.choice.threshold,
           "marker_label": f"selected τ = {deployment.choice.threshold:.3g} "
-                          f"({where}{deployment.min_coverage:g})"}
+                          f"(best {SELECTION_CWSA_SHORT}, {where}{deployment.min_coverage:g})"}
 
 
 def legend_below(fig: Any, axes: Iterable[Any], *, max_columns: int | None = None) -> None:

@@ -203,34 +203,114 @@ def _bootstrap_models(models: list, settings: Settings, *, num_resamples: int, l
   return r, scheme
 
 
+# An estimate outside its own percentile interval: marked in the tables, flagged in JSON.
+OUTSIDE_MARK = "‡"
+OUTSIDE_EXPLANATION = (
+    "the estimate lies outside its own percentile interval. Binned and tie-sensitive statistics "
+    "(ECE; AURC, E-AURC and AUGRC, which group tied confidences) are biased under resampling, "
+    "since repeated rows change the bins and the tie groups: the percentile interval is for "
+    "the resampled statistic's spread, and the estimate may lie outside it. The interval is "
+    "reported as the bootstrap gives it.")
+OUTSIDE_NOTE = f"{OUTSIDE_MARK} Marked values: {OUTSIDE_EXPLANATION}"
+# Float32 rounding between the estimate and the resamples is not "outside".
+_OUTSIDE_ATOL, _OUTSIDE_RTOL = 1e-6, 1e-5
+
+
+def estimates(metrics: Any) -> IntervalMetrics:
+  """The estimates of a report's :class:`~cwsa_jax.cli._metrics.Metrics` that have an
+  interval (the sweep fields [T] on the settings' grid), as NumPy."""
+  return IntervalMetrics(**{name: np.asarray(getattr(metrics, name)) for name in SCALARS},
+                         **{f: np.asarray(getattr(metrics.sweep, f))
+                            for f in IntervalMetrics._fields if f not in SCALARS})
+
+
+def outside_interval(estimate: IntervalMetrics, low: IntervalMetrics,
+                     high: IntervalMetrics) -> IntervalMetrics:
+  """Per metric (and threshold), whether ``estimate`` lies outside [``low``, ``high``] by more
+  than float32 rounding; False where any of the three is NaN."""
+  def outside(e, lo, hi):
+    e, lo, hi = (np.asarray(x, np.float64) for x in (e, lo, hi))
+    slack = _OUTSIDE_ATOL + _OUTSIDE_RTOL * np.abs(e)
+    with np.errstate(invalid="ignore"):
+      return (e < lo - slack) | (e > hi + slack)
+  return IntervalMetrics(*map(outside, estimate, low, high))
+
+
+def outside_json(estimate: IntervalMetrics, low: IntervalMetrics,
+                 high: IntervalMetrics) -> dict[str, Any]:
+  """``estimate_outside_interval`` beside the ``low`` / ``high`` ends in metrics.json (true or
+  false per metric, a list over the thresholds for the sweep fields), and
+  ``estimate_outside_note`` when any is true."""
+  flags = outside_interval(estimate, low, high)
+  out = {"estimate_outside_interval": {name: np.asarray(value).tolist() for name, value
+                                       in sorted(flags._asdict().items())}}
+  if any(np.any(value) for value in flags):
+    out["estimate_outside_note"] = OUTSIDE_EXPLANATION[0].upper() + OUTSIDE_EXPLANATION[1:]
+  return out
+
+
+def outside_notes(rows: list[list[str]]) -> list[str]:
+  """[:data:`OUTSIDE_NOTE`] when a table row carries :data:`OUTSIDE_MARK`, else []."""
+  return [OUTSIDE_NOTE] if any(OUTSIDE_MARK in cell for row in rows for cell in row) else []
+
+
+def _marked(text: str, outside: Any) -> str:
+  return f"{text} {OUTSIDE_MARK}" if bool(outside) else text
+
+
 def interval_rows(metrics: Any, intervals: Intervals, settings: Settings) -> list[list[str]]:
   """(metric, value, low, high) rows of the scalar metrics and the sweep at each threshold
   of ``settings`` that :func:`_shown` picks; ``metrics`` is the report's
-  :class:`~cwsa_jax.cli._metrics.Metrics`."""
+  :class:`~cwsa_jax.cli._metrics.Metrics`. A value outside its interval carries
+  :data:`OUTSIDE_MARK` (see :func:`outside_notes`)."""
   low, high = intervals.low, intervals.high
-  rows = [[name, f"{float(getattr(metrics, name)):.5f}", f"{float(getattr(low, name)):.5f}",
-           f"{float(getattr(high, name)):.5f}"] for name in SCALARS]
+  value = estimates(metrics)
+  outside = outside_interval(value, low, high)
+  rows = [[name, _marked(f"{float(getattr(value, name)):.5f}", getattr(outside, name)),
+           f"{float(getattr(low, name)):.5f}", f"{float(getattr(high, name)):.5f}"]
+          for name in SCALARS]
   for j in _shown(settings.thresholds):
     tau = settings.thresholds[j]
     for f in ("cwsa", "cwsa_plus", "coverage"):
-      value = float(np.asarray(getattr(metrics.sweep, f))[j])
-      rows.append([f"{f}@{tau:g}", f"{value:.5f}", f"{float(getattr(low, f)[j]):.5f}",
-                   f"{float(getattr(high, f)[j]):.5f}"])
+      rows.append([f"{f}@{tau:g}", _marked(f"{float(getattr(value, f)[j]):.5f}",
+                                           getattr(outside, f)[j]),
+                   f"{float(getattr(low, f)[j]):.5f}", f"{float(getattr(high, f)[j]):.5f}"])
   return rows
+
+
+# compare prints every requested threshold up to this many, else the first this many.
+MAX_COMPARE_THRESHOLDS = 6
 
 
 def comparison_rows(comp: Comparison, thresholds: tuple[float, ...]) -> list[list[str]]:
-  """(metric, A, B, A - B, low, high, p) rows."""
+  """(metric, A, B, A - B, low, high, p) rows: the scalars, then the sweep at the thresholds
+  :func:`compared_thresholds` shows; an A - B outside its interval carries
+  :data:`OUTSIDE_MARK`."""
+  outside = outside_interval(comp.difference, comp.low, comp.high)
+
   def row(label, get):
     values = [get(v) for v in (comp.estimate_a, comp.estimate_b, comp.difference, comp.low,
                                comp.high)]
-    return [label] + [f"{v:+.5f}" if i >= 2 else f"{v:.5f}" for i, v in enumerate(values)] + [
-        f"{get(comp.p_value):.4f}"]
+    cells = [f"{v:+.5f}" if i >= 2 else f"{v:.5f}" for i, v in enumerate(values)]
+    cells[2] = _marked(cells[2], get(outside))
+    return [label] + cells + [f"{get(comp.p_value):.4f}"]
   rows = [row(name, lambda m, name=name: float(getattr(m, name))) for name in SCALARS]
-  for j in _shown(thresholds):
+  for j in compared_thresholds(thresholds)[0]:
     for f in ("cwsa", "cwsa_plus", "selective_accuracy", "coverage"):
       rows.append(row(f"{f}@{thresholds[j]:g}", lambda m, f=f, j=j: float(getattr(m, f)[j])))
   return rows
+
+
+def compared_thresholds(thresholds: tuple[float, ...]) -> tuple[list[int], str | None]:
+  """Indices of the thresholds compare's table shows (every one, or the first
+  :data:`MAX_COMPARE_THRESHOLDS`) and, when some are left out, which ones."""
+  shown = list(range(min(len(thresholds), MAX_COMPARE_THRESHOLDS)))
+  rest = [f"{t:g}" for t in thresholds[len(shown):]]
+  if not rest:
+    return shown, None
+  listed = ", ".join(rest) if len(rest) <= 8 else f"{', '.join(rest[:3])}, ..., {rest[-1]}"
+  return shown, (f"the table shows the first {len(shown)} of {len(thresholds)} thresholds; not "
+                 f"shown: {listed}")
 
 
 def _shown(thresholds: tuple[float, ...]) -> list[int]:

@@ -3,6 +3,9 @@
 A NamedTuple becomes an object with its fields in order, an array a list, a
 float is rounded to 8 digits and NaN becomes ``null``. The bootstrap results
 (``intervals``, ``compare``) are written unrounded, as the bootstrap gave them.
+A float32 value is written as the shortest decimal that reads back as the same
+float32 (``0.9808``, not its float64 expansion ``0.98079997``); float64 values
+are written as they are.
 """
 
 from __future__ import annotations
@@ -21,6 +24,16 @@ def _is_record(x: Any) -> bool:
   return isinstance(x, tuple) and hasattr(x, "_fields")
 
 
+def _tolist(x: Any) -> Any:
+  """``np.asarray(x).tolist()``, with each float32 (or float16) value as the shortest decimal
+  that reads back as the same value (``str`` of a NumPy float32 is that decimal)."""
+  array = np.asarray(x)
+  if not (array.dtype.kind == "f" and array.dtype.itemsize < 8):
+    return array.tolist()
+  short = [float(str(value)) for value in array.ravel()]
+  return np.array(short, dtype=np.float64).reshape(array.shape).tolist()
+
+
 def plain(x: Any, *, digits: int | None = 8) -> Any:
   """``x`` as JSON values: records as objects, arrays as lists, floats rounded to ``digits``
   (NaN and infinities as None); with ``digits=None`` numbers are kept as they are."""
@@ -29,11 +42,11 @@ def plain(x: Any, *, digits: int | None = 8) -> Any:
   if isinstance(x, (list, tuple)) and x and _is_record(x[0]):
     return [plain(value, digits=digits) for value in x]
   if digits is None:
-    return np.asarray(x).tolist() if hasattr(x, "__array__") else x
+    return _tolist(x) if hasattr(x, "__array__") else x
   array = np.asarray(x)
   if array.ndim:
     return [plain(value, digits=digits) for value in array]
-  value = array.item()
+  value = _tolist(array)
   if isinstance(value, float):
     return round(value, digits) if math.isfinite(value) else None
   return value
@@ -108,7 +121,7 @@ def report_json(report: ModelReport) -> dict[str, Any]:
 
 def _per_metric(values: Any) -> dict[str, Any]:
   # By metric name in alphabetical order, as the bootstrap's dictionaries came out before.
-  return {name: np.asarray(value).tolist() for name, value in sorted(values._asdict().items())}
+  return {name: _tolist(value) for name, value in sorted(values._asdict().items())}
 
 
 def intervals_json(intervals: Intervals) -> dict[str, Any]:

@@ -9,11 +9,11 @@ import numpy as np
 
 from cwsa_jax import plots
 from cwsa_jax.cli._format import fmt, fmt_convention, markdown_table
-from cwsa_jax.cli._intervals import Intervals, interval_rows
+from cwsa_jax.cli._intervals import Intervals, interval_rows, outside_notes
 from cwsa_jax.cli._metrics import (SCALARS, Aumcc, Deployment, GroupBreakdown, Metrics,
                                    ModelReport, ScoringRules, SweepFields, WorstSamples,
-                                   coverage_span, threshold_index)
-from cwsa_jax.cli._settings import Settings, aumcc_caveat
+                                   coverage_span, retained_only, threshold_index)
+from cwsa_jax.cli._settings import SELECTION_CWSA, Settings, aumcc_caveat
 
 AUMCC_MARK = "†"
 SWEEP_HEADERS = ("τ", "coverage", "sel. accuracy", "CWSA", "CWSA+")
@@ -57,7 +57,7 @@ def settings_rows(settings: Settings) -> list[tuple[str, str]]:
                if settings.normalize == "retained" else
                "all: divide by n (the paper's published code; equals coverage x CWSA)")
   kind = "equal-width" if settings.binning == "width" else "equal-mass"
-  return [
+  rows = [
       ("thresholds", grid),
       ("CWSA normalisation", cwsa_norm),
       ("ECE", f"{settings.num_bins} {kind} bins, norm {settings.ece_norm} (top-label; the last "
@@ -65,9 +65,10 @@ def settings_rows(settings: Settings) -> list[tuple[str, str]]:
       ("AURC / AUGRC / E-AURC", f"convention {settings.aurc_convention!r}"),
       ("AUMCC", f"trapezoid over the {settings.aumcc_axis} axis of the threshold grid, not "
                 f"normalised (see {AUMCC_MARK} beside the values)"),
-      ("deployment threshold", f"largest CWSA on the grid with coverage ≥ "
+      ("deployment threshold", f"largest {SELECTION_CWSA} on the grid with coverage ≥ "
                                f"{settings.min_coverage:g} (`--min-coverage`)"),
   ]
+  return [(name, value.replace("|", "\\|")) for name, value in rows]  # |S| inside a table cell
 
 
 def settings_section(settings: Settings) -> list[str]:
@@ -129,9 +130,8 @@ IN_SAMPLE_NOTE = ("This operating point is therefore optimistic: choose the thre
 def choice_sentence(deployment: Deployment) -> str:
   """Markdown sentences stating the selected threshold (or why there is none) and the data it
   was chosen on: the evaluated data itself (in-sample) or a ``--select-on`` file (held out)."""
-  constraint = (f"maximising {plots.METRIC_LABELS[deployment.metric]} (divided by |S|) over the "
-                f"threshold grid subject to coverage ≥ {deployment.min_coverage:g} "
-                "(`--min-coverage`)")
+  constraint = (f"maximising {SELECTION_CWSA} over the threshold grid subject to coverage ≥ "
+                f"{deployment.min_coverage:g} (`--min-coverage`)")
   held_out = deployment.held_out
   where = (f" on `{deployment.selected_on}` (held out)" if held_out else
            " on the evaluated data itself (in-sample)")
@@ -142,7 +142,8 @@ def choice_sentence(deployment: Deployment) -> str:
   metric = deployment.metric.upper().replace('_PLUS', '+')
   text = (f"**Deployment threshold** ({constraint}, `select_threshold`), chosen{where}: "
           f"τ = {choice.threshold:.4g}, with coverage {fmt(choice.coverage)}, selective risk "
-          f"{fmt(choice.selective_risk)} and {metric} {fmt(choice.value)}{' there' * held_out}.")
+          f"{fmt(choice.selective_risk)} and {metric} {fmt(choice.value)} (divided by |S|)"
+          f"{' there' * held_out}.")
   if not held_out:
     return f"{text} {IN_SAMPLE_NOTE}"
   point = deployment.evaluated
@@ -160,11 +161,12 @@ def group_section(title: str, groups: GroupBreakdown, key: str) -> list[str]:
     tau = f"{thresholds[j]:.3g}"
     headers += [f"coverage@{tau}", f"sel. acc.@{tau}", f"CWSA@{tau}"]
   fields = ("coverage", "selective_accuracy", "cwsa")
+  shown = retained_only(groups.sweep)  # CWSA — where a group retains nothing, as sel. accuracy
   rows = []
   for g, name in enumerate(groups.names[:MAX_GROUP_ROWS]):
     row = [str(name), str(int(groups.counts[g]))]
     for j in cols:
-      row += [fmt(getattr(groups.sweep, f)[g][j]) for f in fields]
+      row += [fmt(getattr(shown, f)[g][j]) for f in fields]
     rows.append(row)
   gap = ["best − worst", ""]
   for j in cols:
@@ -174,7 +176,10 @@ def group_section(title: str, groups: GroupBreakdown, key: str) -> list[str]:
           if len(groups.names) > MAX_GROUP_ROWS else "")
   return [f"## {title}", "", markdown_table(headers, rows), "",
           f"Every group's full sweep and the best-worst gap at each threshold are in "
-          f"`metrics.json` (`{key}`); empty retained sets show as —.{more}", ""]
+          f"`metrics.json` (`{key}`). Where a group retains nothing, its selective accuracy "
+          f"and CWSA show as — and it is left out of those best − worst gaps (its coverage, 0, "
+          f"counts in the coverage gap; `metrics.json` keeps its CWSA at 0, the paper's "
+          f"convention).{more}", ""]
 
 
 def worst_section(worst: WorstSamples) -> list[str]:
@@ -204,6 +209,7 @@ def intervals_section(metrics: Metrics, intervals: Intervals, settings: Settings
            f"(seed {intervals.seed}); every threshold's interval is in metrics.json "
            "(`intervals`).", "", "| metric | value | low | high |", "|---|---:|---:|---:|"]
   lines += [f"| {' | '.join(r)} |" for r in rows]
+  lines += [f"\n{note}" for note in outside_notes(rows)]
   return "\n".join(lines) + "\n"
 
 

@@ -112,7 +112,9 @@ class Deployment(NamedTuple):
 
 
 class GroupGap(NamedTuple):
-  """Best minus worst group at each threshold ([T]; groups with NaN left out)."""
+  """Best minus worst group at each threshold ([T]). Groups with no samples are left out of
+  every gap, and groups that retain nothing at a threshold are left out of the selective
+  accuracy, CWSA and CWSA+ gaps there (their coverage, 0, counts in the coverage gap)."""
   coverage: np.ndarray
   selective_accuracy: np.ndarray
   cwsa: np.ndarray
@@ -309,7 +311,17 @@ def group_metrics(confidences: Any, correct: Any, groups: Any, names: tuple[str,
       names=tuple(str(x) for x in names),
       counts=np.bincount(ids, minlength=len(names)),
       sweep=SweepFields(thresholds, *(np.asarray(getattr(result, f)) for f in SWEPT)),
-      gap=GroupGap(*(np.asarray(cw.group_gap(result, f)) for f in GroupGap._fields)))
+      gap=GroupGap(*(np.asarray(cw.group_gap(retained_only(result), f))
+                     for f in GroupGap._fields)))
+
+
+def retained_only(result: cw.SweepResult) -> cw.SweepResult:
+  """A per-group sweep with CWSA and CWSA+ NaN where a group retains nothing, as selective
+  accuracy is: the paper's convention 0 there is not a measured value, so the gaps leave
+  those groups out of every column alike."""
+  empty = np.asarray(result.coverage) == 0
+  return result._replace(**{f: np.where(empty, np.nan, np.asarray(getattr(result, f)))
+                            for f in ("cwsa", "cwsa_plus")})
 
 
 def worst_samples(confidences: Any, correct: Any, k: int, tau: float) -> WorstSamples:

@@ -26,7 +26,11 @@ The rules (README, "Where outputs go, and what --force may replace"):
 - Files are created with mode ``0o666 & ~umask``, folders ``0o777 & ~umask``.
 
 Every failure to write (a read-only or full disk, a parent that is a file) is a
-:class:`UserError`: one line, exit status 2.
+:class:`UserError`: one line, exit status 2. What can be known before the work
+is checked before it: the temporary's name must fit the file system's name limit
+(``NAME_MAX``), an existing output must be writable, and a temporary folder is
+created and removed where the output goes; those errors name ``--out``, never the
+temporary.
 """
 
 from __future__ import annotations
@@ -75,15 +79,77 @@ def _refuse_special(path: Path, raw: str, flag: str) -> None:
                     "e.g. --out results")
 
 
+def _nearest_existing(path: Path) -> Path:
+  """``path`` (absolute) or its nearest ancestor that exists."""
+  while not os.path.lexists(path) and path != path.parent:
+    path = path.parent
+  return path
+
+
 def _check_parent(path: Path, raw: str) -> None:
   """The nearest existing ancestor of ``path`` must be a writable folder."""
-  ancestor = Path(os.path.abspath(path)).parent
-  while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
-    ancestor = ancestor.parent
+  ancestor = _nearest_existing(Path(os.path.abspath(path)).parent)
   if not ancestor.is_dir():
     raise UserError(f"cannot write {raw}: {ancestor} is not a folder")
   if not os.access(ancestor, os.W_OK | os.X_OK):
     raise UserError(f"cannot write {raw}: {ancestor} is read-only or not writable")
+
+
+def _name_max(folder: Path) -> int:
+  """The longest file name (bytes) the file system of ``folder`` allows; 255 when unknown."""
+  try:
+    limit = os.pathconf(folder, "PC_NAME_MAX")
+  except (OSError, ValueError):
+    return 255
+  return limit if limit and limit > 0 else 255
+
+
+def _check_name_lengths(path: Path, raw: str, flag: str) -> Path:
+  """Every folder ``path`` still needs, and the hidden temporary written beside it
+  (``.NAME.cwsa-tmp-PID-XXXXXXXX``), must fit the file system's name limit.
+
+  Returns the nearest existing ancestor of ``path``'s parent.
+  """
+  ancestor = _nearest_existing(path.parent)
+  limit = _name_max(ancestor)
+  for part in path.relative_to(ancestor).parts[:-1]:
+    if len(os.fsencode(part)) > limit:
+      raise UserError(f"cannot write {raw}: its folder name {part[:40]}... is "
+                      f"{len(os.fsencode(part))} bytes, longer than the {limit} this file "
+                      "system allows")
+  size = len(os.fsencode(path.name))
+  extra = len(os.fsencode(temp_name(path.name))) - size
+  if size + extra > limit:
+    raise UserError(f"{flag} {raw}: its name is {size} bytes, and cwsa-jax first writes it under "
+                    f"a hidden temporary name {extra} bytes longer, so at most {limit - extra} "
+                    f"bytes fit on this file system: choose a shorter {flag}")
+  return ancestor
+
+
+def _check_writable(out: Path, raw: str, flag: str) -> None:
+  """Before any work: the temporary beside ``out`` can be named and created there.
+
+  Checks the name lengths (:func:`_check_name_lengths`), that an existing ``out``
+  is writable (an immutable or read-only folder could not be replaced), and
+  creates and removes a temporary folder where the first missing part of ``out``
+  (or its temporary) will go: a folder nobody may create in (``/proc``, a
+  read-only mount, even for root) is refused here, naming ``out``.
+  """
+  path = Path(os.path.abspath(out))
+  ancestor = _check_name_lengths(path, raw, flag)
+  mode = os.W_OK | os.X_OK if path.is_dir() else os.W_OK
+  if os.path.lexists(path) and not os.access(path, mode):
+    what = "folder" if path.is_dir() else "file"
+    raise UserError(f"cannot write {raw}: the {what} is read-only or not writable")
+  missing = path.relative_to(ancestor).parts
+  probe = ancestor / temp_name(missing[0] if len(missing) == 1 else "probe")
+  try:
+    os.mkdir(probe, 0o700)
+  except OSError as e:
+    raise UserError(f"cannot write {raw}: cannot create a folder in {ancestor} "
+                    f"({e.strerror or e})") from None
+  with contextlib.suppress(OSError):
+    os.rmdir(probe)
 
 
 def _refuse_inputs(raw: str, inputs: Iterable[Any], flag: str, what: str) -> None:
@@ -167,6 +233,7 @@ def check_output_dir(out: str | os.PathLike, *, force: bool, inputs: Iterable[An
   raw = os.fspath(out)
   _refuse_inputs(raw, inputs, flag, "holds")
   _refuse_foreign(path, raw, force, hint)
+  _check_writable(path, raw, flag)
   return path
 
 
@@ -217,6 +284,7 @@ def check_output_file(out: str | os.PathLike, *, force: bool, command: str,
     if not (isinstance(data, dict) and data.get("command") == command):
       raise UserError(f"--force would replace {raw}, which is not a cwsa-jax {command} result; "
                       "move it away or choose another --out")
+  _check_writable(path, raw, flag)
   return path
 
 

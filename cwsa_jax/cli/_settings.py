@@ -15,6 +15,9 @@ from cwsa_jax.cli._util import UserError
 # that keep at least ``Settings.min_coverage`` of the samples (the commands' ``--min-coverage``).
 SELECTION_METRIC = "cwsa"
 DEFAULT_MIN_COVERAGE = 0.8
+# Which CWSA the choice maximises: always divided by |S|, also where the reported CWSA is
+# divided by n (--normalize all, --published-code). Every text stating the choice says so.
+SELECTION_CWSA = "CWSA (divided by |S|, the paper's)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,8 +69,9 @@ def add_min_coverage_flag(parser: Any) -> None:
   parser.add_argument("--min-coverage", type=float, default=DEFAULT_MIN_COVERAGE,
                       metavar="FRACTION",
                       help="the deployment threshold stated in the report is the one with the "
-                      "largest CWSA among those keeping at least this coverage (default "
-                      f"{DEFAULT_MIN_COVERAGE:g})")
+                      "largest CWSA divided by |S| (the paper's definition, whatever the "
+                      "normalisation of the reported CWSA) among those keeping at least this "
+                      f"coverage (default {DEFAULT_MIN_COVERAGE:g})")
 
 
 def parse_thresholds(spec: str) -> np.ndarray:
