@@ -246,9 +246,13 @@ def bins_from_totals(edges: jax.Array, count: jax.Array, t: _stats.BinTotals) ->
                          jnp.where(empty, jnp.nan, t.correct / safe))
 
 
-def exact_count(hi: jax.Array, lo: jax.Array) -> jax.Array:
-  """int32 per-bin counts of canonical sums [..., B, CALIBRATION_COLUMNS]."""
-  return _exact.to_int(hi[..., 0], lo[..., 0])
+def exact_count(hi: jax.Array, lo: jax.Array, top: jax.Array | None = None) -> jax.Array:
+  """int32 per-bin counts of canonical sums [..., B, CALIBRATION_COLUMNS] (``top``: a state's
+  wide sums; a count of 2^31 or more, which int32 cannot hold, is -1)."""
+  if top is None:
+    return _exact.to_int(hi[..., 0], lo[..., 0])
+  fits = (top[..., 0] == 0) & (hi[..., 0] < 1 << 19)
+  return jnp.where(fits, _exact.to_int(hi[..., 0] & ((1 << 19) - 1), lo[..., 0]), -1)
 
 
 @functools.partial(jax.jit, static_argnames=("num_bins", "binning", "drop_invalid"))

@@ -353,6 +353,109 @@ def canonical(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
   return _normalize(hi, lo)
 
 
+# ------------------------------------------------------------------ wide sums
+#
+# A mergeable state's sums outgrow the (hi, lo) pairs: hi wraps past 2^31, i.e. a column past
+# 2^43 units. States keep each sum as (top, hi, lo) = top 2^36 + hi 2^12 + lo, with hi in
+# [0, 2^24) and lo in [0, 4096). Every column adds at most 4096 units per sample, so 2^53
+# samples need tops of at most 2^29; a state is marked past capacity from 1.5 2^29 on, so that
+# two unmarked states still merge below 2^31.
+
+_HI_BITS = 24
+_HI_MASK = (1 << _HI_BITS) - 1
+# Largest total of a column's top limbs over a state's buckets before it is marked.
+TOP_CAPACITY = 3 << 28
+CAPACITY_SAMPLES = 1 << 53
+# A state past its capacity has every top limb set to this (sticky through merges).
+OVER_CAPACITY = -1
+
+Wide = tuple  # (top, hi, lo) int32 arrays of one shape
+
+
+def widen(hi: jax.Array, lo: jax.Array) -> Wide:
+  """The canonical ``(top, hi, lo)`` of a non-negative ``(hi, lo)`` pair."""
+  hi, lo = _normalize(hi, lo)
+  return hi >> _HI_BITS, hi & _HI_MASK, lo
+
+
+def wide_add(a: Wide, b: Wide) -> Wide:
+  """Exact sum of two canonical ``(top, hi, lo)`` (tops up to TOP_CAPACITY: no int32 wrap)."""
+  lo = a[2] + b[2]
+  hi = a[1] + b[1] + (lo >> _CARRY_BITS)
+  return a[0] + b[0] + (hi >> _HI_BITS), hi & _HI_MASK, lo & _CARRY_MASK
+
+
+def wide_sub(a: Wide, b: Wide) -> Wide:
+  """Exact ``a - b`` of canonical ``(top, hi, lo)`` with ``a >= b`` (floor carries)."""
+  lo = a[2] - b[2]
+  hi = a[1] - b[1] + (lo >> _CARRY_BITS)
+  return a[0] - b[0] + (hi >> _HI_BITS), hi & _HI_MASK, lo & _CARRY_MASK
+
+
+def wide_reduce(w: Wide, total: Callable[[jax.Array], jax.Array]) -> Wide:
+  """Exact sum of canonical ``(top, hi, lo)`` by ``total`` (a sum over an axis, or a ``psum``).
+
+  Each limb is cut into pieces of at most 16 bits before ``total`` adds them,
+  so up to 2^15 summands never wrap; a total whose top limb leaves int32 comes
+  out over capacity.
+  """
+  top, hi, lo = w
+  lo, h0, h1 = total(lo), total(hi & _CARRY_MASK), total(hi >> _CARRY_BITS)
+  t0, t1 = total(top & 0xFFFF), total(top >> 16)
+  over = total((top < 0).astype(jnp.int32)) > 0
+  h0 = h0 + (lo >> _CARRY_BITS)
+  h1 = h1 + (h0 >> _CARRY_BITS)
+  t0 = t0 + (h1 >> _CARRY_BITS)
+  t1 = t1 + (t0 >> 16)
+  over = over | (t1 >= 1 << 15)
+  top = jnp.where(over, OVER_CAPACITY, (t1 << 16) | (t0 & 0xFFFF))
+  return top, ((h1 & _CARRY_MASK) << _CARRY_BITS) | (h0 & _CARRY_MASK), lo & _CARRY_MASK
+
+
+def seal(w: Wide, axes: int = 2) -> Wide:
+  """``w`` with every top limb set to :data:`OVER_CAPACITY` in each state (its last ``axes``
+  axes) that is past its capacity: some top limb marked already, or some column whose total
+  over the buckets (axis -2) exceeds ``TOP_CAPACITY`` tops (estimated in float32: the bound
+  leaves a factor 4 to int32's limit, so the estimate's rounding cannot hide a wrap)."""
+  top, hi, lo = w
+  column = jnp.sum(top.astype(jnp.float32) + hi.astype(jnp.float32) * 2.0**-_HI_BITS, axis=-2)
+  over_axes = tuple(range(-axes, 0))
+  over = (jnp.any(top < 0, axis=over_axes)
+          | jnp.any(column > TOP_CAPACITY, axis=tuple(range(-(axes - 1), 0))))
+  over = over.reshape(over.shape + (1,) * axes)
+  return jnp.where(over, OVER_CAPACITY, top), hi, lo
+
+
+def over_capacity(top: jax.Array, axes: int = 2) -> jax.Array:
+  """bool [...]: each state (its last ``axes`` axes of ``top``) is past its capacity."""
+  return jnp.any(top < 0, axis=tuple(range(-axes, 0)))
+
+
+def wide_suffix_sums(w: Wide) -> Wide:
+  """Exact reverse cumulative sums along axis 0 of canonical ``(top, hi, lo)`` (of a state
+  within capacity: its tops add up to at most TOP_CAPACITY)."""
+  top, hi, lo = w
+  rev = lambda x: jnp.flip(_sort.cumsum(jnp.flip(x, 0)), 0)  # noqa: E731
+  lo, h0, h1, top = rev(lo), rev(hi & _CARRY_MASK), rev(hi >> _CARRY_BITS), rev(top)
+  h0 = h0 + (lo >> _CARRY_BITS)
+  h1 = h1 + (h0 >> _CARRY_BITS)
+  top = top + (h1 >> _CARRY_BITS)
+  return top, ((h1 & _CARRY_MASK) << _CARRY_BITS) | (h0 & _CARRY_MASK), lo & _CARRY_MASK
+
+
+def wide_to_float(w: Wide) -> jax.Array:
+  """float32 of canonical ``(top, hi, lo)``, correctly rounded (equal to :func:`to_float` of
+  the same integer as a pair)."""
+  top, hi, lo = w
+  return _round_to_float([lo, hi & _CARRY_MASK, hi >> _CARRY_BITS, top], 0)
+
+
+def wide_terms(sign: int, w: Wide, place: int) -> list:
+  """:func:`exact_float` terms of ``sign * w * 4096^place`` for canonical ``(top, hi, lo)``."""
+  top, hi, lo = w
+  return [(sign, hi, lo, place), (sign, top, jnp.zeros_like(top), place + 2)]
+
+
 def suffix_sums(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Exact reverse cumulative sums along axis 0: out[b] = sum_{b' >= b} in[b']."""
   hi, lo = _normalize(hi, lo)
@@ -362,8 +465,16 @@ def suffix_sums(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def to_float(hi: jax.Array, lo: jax.Array) -> jax.Array:
-  """float32 value of the exact integer ``hi * 4096 + lo``."""
-  return hi.astype(jnp.float32) * float(1 << _CARRY_BITS) + lo.astype(jnp.float32)
+  """float32 of the exact non-negative integer ``hi * 4096 + lo``, correctly rounded.
+
+  A function of the integer only (to nearest, ties to even), so a sum and its
+  double convert to a float and its double, however they were accumulated.
+  """
+  # hi 4096 + lo = a 2^24 + c with a = hi >> 12 and c = (hi & 4095) 4096 + lo below 2^24: two
+  # floats held exactly, so their sum is rounded once.
+  hi, lo = _normalize(hi, lo)
+  c = ((hi & _CARRY_MASK) << _CARRY_BITS) | lo
+  return (hi >> _CARRY_BITS).astype(jnp.float32) * float(1 << 24) + c.astype(jnp.float32)
 
 
 def to_int(hi: jax.Array, lo: jax.Array) -> jax.Array:
@@ -375,15 +486,15 @@ def exact_float(terms: Sequence[tuple[int, jax.Array, jax.Array, int]]) -> jax.A
   """float32 of the exact integer combination ``sum_t sign_t (hi_t 4096 + lo_t) 4096^place_t``.
 
   Args:
-    terms: ``(sign, hi, lo, place)`` with ``sign`` +1 or -1, ``hi`` and ``lo``
+    terms: ``(sign, hi, lo, place)`` with ``sign`` +1 or -1 (or an int32 array of
+      them and 0, broadcast against ``hi``: several combinations at once), ``hi`` and ``lo``
       non-negative int32 arrays of one shape (the ``(hi, lo)`` sums of
       :func:`segment_sums`, or any integer as ``(0, x)``) and ``place`` a
       static integer (a column's weight, e.g. -1 for 2^-12).
 
   The terms are added into base-4096 int32 limbs and the carries propagated,
-  all exactly; only the conversion of the magnitude (24-bit pieces added least
-  significant first) rounds, a relative error of a few 2^-24 at most,
-  whatever cancellation the signs cause.
+  all exactly; only the conversion of the magnitude rounds, once and correctly
+  (:func:`_round_to_float`), whatever cancellation the signs cause.
   The result is a function of the exact integer only, so equal sums give
   bit-for-bit equal floats however they were accumulated or merged.
   """
@@ -391,7 +502,8 @@ def exact_float(terms: Sequence[tuple[int, jax.Array, jax.Array, int]]) -> jax.A
   # lo at place - base, hi one limb up; hi < 2^31 spans three more limbs of carries.
   num_limbs = max(place for _, _, _, place in terms) - base + 5
   num_limbs += num_limbs % 2
-  zero = jnp.zeros(jnp.shape(terms[0][1]), jnp.int32)
+  shape = jnp.broadcast_shapes(*(jnp.shape(x) for term in terms for x in term[:3]))
+  zero = jnp.zeros(shape, jnp.int32)
   limbs = [zero] * num_limbs
   for sign, hi, lo, place in terms:
     q = place - base
@@ -410,11 +522,46 @@ def exact_float(terms: Sequence[tuple[int, jax.Array, jax.Array, int]]) -> jax.A
   limbs = normalize(limbs)
   negative = limbs[-1] < 0  # every lower limb is in [0, 4096)
   limbs = [jnp.where(negative, a, b) for a, b in zip(normalize([-x for x in limbs]), limbs)]
-  total = jnp.zeros(zero.shape, jnp.float32)
-  for j in range(0, num_limbs, 2):  # 24-bit pairs, exact in float32; least significant first
-    pair = (limbs[j + 1] * (1 << _CARRY_BITS) + limbs[j]).astype(jnp.float32)
-    total = total + pair * float(2.0 ** (_CARRY_BITS * (base + j)))
+  total = _round_to_float(limbs, base)
   return jnp.where(negative, -total, total)
+
+
+def _round_to_float(limbs: Sequence[jax.Array], base: int) -> jax.Array:
+  """float32 of ``sum_j limbs[j] 4096^(base + j)``, correctly rounded (to nearest, ties to even).
+
+  ``limbs[:-1]`` lie in [0, 4096) and ``limbs[-1]`` in [0, 2^31). The limbs are
+  paired into 24-bit words; the leading non-zero word and the one below it
+  hold 25 to 48 significant bits: the top 24 are the significand, the next bit
+  and every bit below it (a sticky bit) decide the rounding, all in int32; the
+  float is then the significand times a power of two, both exact.
+  """
+  last = limbs[-1]
+  limbs = list(limbs[:-1]) + [last & _CARRY_MASK, (last >> _CARRY_BITS) & _CARRY_MASK,
+                              last >> (2 * _CARRY_BITS)]
+  zero = jnp.zeros_like(limbs[0])
+  if len(limbs) % 2:
+    limbs.append(zero)
+  words = [zero] + [limbs[j] | (limbs[j + 1] << _CARRY_BITS) for j in range(0, len(limbs), 2)]
+  # The leading word (index >= 1; word 0 is a zero below the lowest) and the word under it.
+  lead, under, index = words[1], zero, jnp.ones(zero.shape, jnp.int32)
+  sticky = below = jnp.zeros(zero.shape, bool)  # below: some word under words[j - 1] is non-zero
+  for j in range(2, len(words)):
+    below = below | (words[j - 2] != 0)
+    take = words[j] != 0
+    lead = jnp.where(take, words[j], lead)
+    under = jnp.where(take, words[j - 1], under)
+    index = jnp.where(take, j, index)
+    sticky = jnp.where(take, below, sticky)
+  bits = 32 - jax.lax.clz(lead)  # 1 to 24 (0 for the value 0)
+  shift = jnp.maximum(bits, 1)  # bits of `under` below the significand
+  significand = (lead << (24 - shift)) | (under >> shift)
+  rest = under & ((1 << shift) - 1)
+  half = 1 << (shift - 1)
+  up = (rest > half) | ((rest == half) & (sticky | ((significand & 1) == 1)))
+  significand = significand + up.astype(jnp.int32)
+  exponent = shift + 24 * (index - 2) + _CARRY_BITS * base
+  scale = jax.lax.bitcast_convert_type((exponent + 127) << 23, jnp.float32)  # 2^exponent
+  return significand.astype(jnp.float32) * scale
 
 
 def combine(values: jax.Array, num_digits: int) -> jax.Array:

@@ -32,6 +32,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from cwsa_jax import _exact
@@ -170,23 +171,32 @@ class BinTotals(NamedTuple):
   gap: jax.Array         # sum (c - kappa) = N - A - U
 
 
-def calibration_totals(hi: jax.Array, lo: jax.Array) -> BinTotals:
-  """:class:`BinTotals` of the canonical sums [..., B, CALIBRATION_COLUMNS].
+def _column_terms(hi: jax.Array, lo: jax.Array, top: jax.Array | None):
+  """``term(j, sign, place)``: the ``_exact.exact_float`` terms of column j (pair or wide)."""
+  if top is None:
+    return lambda j, sign, place: [(sign, hi[..., j], lo[..., j], place)]
+  return lambda j, sign, place: _exact.wide_terms(
+      sign, (top[..., j], hi[..., j], lo[..., j]), place)
 
-  Each total is one exact integer combination of the columns rounded to
+
+def calibration_totals(hi: jax.Array, lo: jax.Array, top: jax.Array | None = None) -> BinTotals:
+  """:class:`BinTotals` of the canonical sums [..., B, CALIBRATION_COLUMNS] (``top``: a state's
+  wide sums, ``_exact.widen``).
+
+  Each total is one exact integer combination of the columns rounded once to
   float32 (``_exact.exact_float``), so the gap keeps full relative precision
   even when N - A and U nearly cancel, and equal states give equal floats.
   """
-  col = lambda j, sign, place: (sign, hi[..., j], lo[..., j], place)
+  col = _column_terms(hi, lo, top)
   count = col(_COUNT, 1, 0)
-  kappa = [col(_KAPPA + j, 1, -1 - j) for j in range(_KAPPA_WIDE)]
-  minus_u = [col(_U, -1, -1), col(_U + 1, -1, -2)]
-  minus_kappa = [(-1, h, l, p) for _, h, l, p in kappa]
-  return BinTotals(
-      count=_exact.exact_float([count]),
-      correct=_exact.exact_float(kappa),
-      confidence=_exact.exact_float([count] + minus_u),
-      gap=_exact.exact_float([count] + minus_kappa + minus_u))
+  kappa = [t for j in range(_KAPPA_WIDE) for t in col(_KAPPA + j, 1, -1 - j)]
+  u = col(_U, 1, -1) + col(_U + 1, 1, -2)
+  # The four totals as signs of the terms (count, kappa, u), converted in one call.
+  signs = np.array([[1, 0, 0], [0, 1, 0], [1, 0, -1], [1, -1, -1]], np.int32)
+  groups = [0] * len(count) + [1] * len(kappa) + [2] * len(u)
+  terms = [(signs[:, g].reshape((4,) + (1,) * jnp.ndim(h)), h, l, p)
+           for g, (_, h, l, p) in zip(groups, count + kappa + u)]
+  return BinTotals(*_exact.exact_float(terms))
 
 
 # ------------------------------------------------------------------ losses
@@ -204,10 +214,17 @@ def loss_columns(correct: jax.Array) -> list[jax.Array]:
   return [jnp.ones(loss.shape, jnp.int32)] + _exact.wide_digits(loss, _KAPPA_WIDE)
 
 
-def loss_totals(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """(count, summed loss), float32 [...], of exact sums [..., LOSS_COLUMNS] (each rounded once)."""
-  count = _exact.exact_float([(1, hi[..., 0], lo[..., 0], 0)])
-  loss = _exact.exact_float([(1, hi[..., 1 + j], lo[..., 1 + j], -1 - j) for j in range(_KAPPA_WIDE)])
+def loss_totals(hi: jax.Array, lo: jax.Array,
+                top: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """(count, summed loss), float32 [...], of exact sums [..., LOSS_COLUMNS] (each rounded once;
+  ``top``: a state's wide sums)."""
+  col = _column_terms(hi, lo, top)
+  count = col(0, 1, 0)
+  loss = [t for j in range(_KAPPA_WIDE) for t in col(1 + j, 1, -1 - j)]
+  signs = np.array([[1, 0], [0, 1]], np.int32)  # (count, loss) in one call
+  terms = [(signs[:, g].reshape((2,) + (1,) * jnp.ndim(h)), h, l, p)
+           for g, (_, h, l, p) in zip([0] * len(count) + [1] * len(loss), count + loss)]
+  count, loss = _exact.exact_float(terms)
   return count, loss
 
 

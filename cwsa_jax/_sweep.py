@@ -426,15 +426,20 @@ def suffix_sums(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
   return jnp.moveaxis(hi, 0, -2), jnp.moveaxis(lo, 0, -2)
 
 
-def sums_from_bucket_sums(hi: jax.Array, lo: jax.Array) -> _stats.Sums:
+def sums_from_bucket_sums(hi: jax.Array, lo: jax.Array, top: jax.Array | None = None) -> _stats.Sums:
   """Retained-set :class:`~cwsa_jax._stats.Sums` [..., T + 1] of exact per-bucket sums [..., T + 1, W].
 
   Entry ``b`` sums the buckets ``b, ..., T``: entry 0 is every sample, entry
-  ``j + 1`` the retained set of sorted threshold ``j``.
+  ``j + 1`` the retained set of sorted threshold ``j``. With ``top`` the sums
+  are a state's wide ``(top, hi, lo)`` (``_exact.widen``); each total is
+  rounded once either way, so both give the same floats for the same integers.
   """
   graded = hi.shape[-1] != _stats.bucket_width(False)
-  hi, lo = suffix_sums(hi, lo)
-  return _stats.sums_from_columns(_exact.to_float(hi, lo), graded)
+  if top is None:
+    hi, lo = suffix_sums(hi, lo)
+    return _stats.sums_from_columns(_exact.to_float(hi, lo), graded)
+  wide = _exact.wide_suffix_sums(tuple(jnp.moveaxis(x, -2, 0) for x in (top, hi, lo)))
+  return _stats.sums_from_columns(jnp.moveaxis(_exact.wide_to_float(wide), 0, -2), graded)
 
 
 def result_from_sums(sums: _stats.Sums, thresholds: jax.Array, order: jax.Array,
@@ -454,9 +459,10 @@ def result_from_sums(sums: _stats.Sums, thresholds: jax.Array, order: jax.Array,
 
 
 def result_from_bucket_sums(hi: jax.Array, lo: jax.Array, thresholds: jax.Array,
-                            order: jax.Array, invalid: jax.Array) -> SweepResult:
+                            order: jax.Array, invalid: jax.Array,
+                            top: jax.Array | None = None) -> SweepResult:
   """The :class:`SweepResult` of per-bucket sums (sorted order) at ``thresholds`` (user order)."""
-  return result_from_sums(sums_from_bucket_sums(hi, lo), thresholds, order, invalid)
+  return result_from_sums(sums_from_bucket_sums(hi, lo, top), thresholds, order, invalid)
 
 
 def kept_count(hi: jax.Array, lo: jax.Array) -> jax.Array:

@@ -13,9 +13,12 @@ metrics with ``compute``:
   result = state.compute()          # the same SweepResult as sweep(all data)
 
 The sums inside :class:`SweepState` and :class:`CalibrationState` are exact
-integers (``cwsa_jax._exact``: int32 digit sums carried as (hi, lo) pairs), so
-``merge`` is exact integer addition: associative, commutative, and any split of
-the data merged in any order gives *bit for bit* the one-shot result.
+integers (``cwsa_jax._exact``: int32 digit sums carried in three limbs,
+``top * 2^36 + hi * 4096 + lo``), so ``merge`` is exact integer addition:
+associative, commutative, and any split of the data merged in any order gives
+*bit for bit* the one-shot result. Every state is exact to 2^53 (9.0e15)
+samples in total; past that, merging raises ``ValueError`` (under ``jit`` the
+state is marked and ``compute`` gives NaN), never a wrapped number.
 
 * :class:`SweepState`: per threshold bucket, the count and the digit sums of
   ``kappa``, ``u = 1 - c`` and ``u kappa``; ``compute`` gives the
@@ -147,6 +150,46 @@ def _sum_leading(x: jax.Array) -> jax.Array:
   return jnp.sum(x, axis=0)
 
 
+_CAPACITY_TEXT = (
+    "exact to 2^53 = 9.0e15 samples in total (per bucket or bin too): its merged integer sums "
+    "would not fit")
+
+
+def _widen(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """A batch's exact (hi, lo) pair sums as a state's (top, hi, lo), each array its own buffer."""
+  return _exact.widen(hi, lo)
+
+
+def _empty_sums(shape: tuple) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(top, hi, lo) zeros, three buffers (a donated state must not hold one buffer twice)."""
+  return tuple(jnp.zeros(shape, jnp.int32) for _ in range(3))
+
+
+def _sealed(state: Any, wide: tuple) -> dict:
+  """The fields top, hi, lo of merged sums, past-capacity states marked; raises eagerly."""
+  top, hi, lo = _exact.seal(wide)
+  if _validation.is_concrete(top) and bool(np.any(np.asarray(_exact.over_capacity(top)))):
+    raise ValueError(f"{type(state).__name__}: the merged state is past its capacity; a state is "
+                     f"{_CAPACITY_TEXT}")
+  return dict(top=top, hi=hi, lo=lo)
+
+
+def _merged(a: Any, b: Any) -> dict:
+  return _sealed(a, _exact.wide_add((a.top, a.hi, a.lo), (b.top, b.hi, b.lo)))
+
+
+def _reduced(state: Any, total: Callable) -> dict:
+  return _sealed(state, _exact.wide_reduce((state.top, state.hi, state.lo), total))
+
+
+def _check_capacity(state: Any) -> None:
+  """Raises ``ValueError`` for a concrete state past its capacity (merged under ``jit``)."""
+  if _validation.is_concrete(state.top) and bool(np.any(np.asarray(
+      _exact.over_capacity(state.top)))):
+    raise ValueError(f"{type(state).__name__}: past its capacity, so no metric can be computed; "
+                     f"a state is {_CAPACITY_TEXT}")
+
+
 def _configured(cls: type, **options: Any) -> type:
   """The subclass of the state class ``cls`` with class options ``options`` (one per options)."""
   return _configured_class(cls, tuple(sorted(options.items())))
@@ -197,10 +240,16 @@ class SweepState:
   (formulas in :func:`~cwsa_jax.sweep`). They are stored as exact integer
   digit sums, so :meth:`merge` is exact.
 
+  Capacity: exact to 2^53 (9.0e15) samples in total, whatever their buckets.
+  Past it :meth:`merge`, :meth:`reduce` and :meth:`psum` raise ``ValueError``
+  eagerly, and under ``jit`` the state is marked (every ``top`` is -1, for
+  good) and :meth:`compute` returns NaN; never a wrapped number.
+
   Attributes:
     thresholds: [T] float32 thresholds, in the order given.
-    hi, lo: int32 [..., T + 1, W] exact per-bucket sums ``hi * 4096 + lo``
-      (W = 6 for boolean correctness, 12 for graded).
+    hi, lo, top: int32 [..., T + 1, W] exact per-bucket sums
+      ``top * 2^36 + hi * 4096 + lo`` (``0 <= hi < 2^24``, ``0 <= lo < 4096``;
+      W = 6 for boolean correctness, 12 for graded).
     invalid: bool [...]: some sample was NaN or outside [0, 1] (under ``jit``).
 
   Examples:
@@ -214,6 +263,7 @@ class SweepState:
   thresholds: jax.Array
   hi: jax.Array
   lo: jax.Array
+  top: jax.Array
   invalid: jax.Array
 
   # Class options (not fields), set by configure().
@@ -266,8 +316,8 @@ class SweepState:
     t = _validation.as_thresholds(cls._class_thresholds() if thresholds is None else thresholds)
     graded = cls._graded if graded is None else graded
     width = _stats.bucket_width(graded)
-    zeros = jnp.zeros((t.shape[0] + 1, width), jnp.int32)
-    return cls(t, zeros, zeros, jnp.zeros((), bool))
+    top, hi, lo = _empty_sums((t.shape[0] + 1, width))
+    return cls(t, hi, lo, top, jnp.zeros((), bool))
 
   @classmethod
   @_public.entry
@@ -287,7 +337,8 @@ class SweepState:
       k = k.astype(jnp.float32)
     fn = _batched(_sweep_state_1d, c.ndim - 1, (0, 0, None, None if mask is None else 0))
     hi, lo, invalid = fn(c, k, t, mask)
-    return cls(t, hi, lo, invalid)
+    top, hi, lo = _widen(hi, lo)
+    return cls(t, hi, lo, top, invalid)
 
   @classmethod
   def from_model_output(cls, *, confidences: Any = None, correct: Any = None, logits: Any = None,
@@ -314,22 +365,20 @@ class SweepState:
     _check_same(self.thresholds, other.thresholds, "thresholds")
     _check_same(jnp.zeros(self.hi.shape[-1:]), jnp.zeros(other.hi.shape[-1:]),
                 "correctness types (boolean vs graded)")
-    hi, lo = _exact.add((self.hi, self.lo), (other.hi, other.lo))
-    return dataclasses.replace(self, hi=hi, lo=lo, invalid=self.invalid | other.invalid)
+    return dataclasses.replace(self, **_merged(self, other), invalid=self.invalid | other.invalid)
 
   def reduce(self) -> "SweepState":
     """Merges the states stacked along the leading axis (e.g. from ``jax.vmap`` over batches)."""
-    hi, lo = _exact.canonical(_sum_leading(self.hi), _sum_leading(self.lo))
     # Stacked with the sums (jax.vmap, clu's all_gather), the thresholds are repeated: keep one.
     t = self.thresholds[0] if self.thresholds.ndim > 1 else self.thresholds
-    return dataclasses.replace(self, thresholds=t, hi=hi, lo=lo,
+    return dataclasses.replace(self, thresholds=t, **_reduced(self, _sum_leading),
                                invalid=jnp.any(self.invalid, axis=0))
 
   def psum(self, axis_name: Any) -> "SweepState":
     """All-reduces the state over a mapped axis (inside ``shard_map`` / ``pmap``)."""
-    hi, lo = _exact.canonical(jax.lax.psum(self.hi, axis_name), jax.lax.psum(self.lo, axis_name))
     invalid = jax.lax.psum(self.invalid.astype(jnp.int32), axis_name) > 0
-    return dataclasses.replace(self, hi=hi, lo=lo, invalid=invalid)
+    return dataclasses.replace(self, **_reduced(self, lambda x: jax.lax.psum(x, axis_name)),
+                               invalid=invalid)
 
   def compute(self, *, normalize: str | None = None) -> _sweep.SweepResult:
     """The :class:`~cwsa_jax.SweepResult` of every sample merged into this state.
@@ -341,9 +390,11 @@ class SweepState:
     """
     normalize = type(self)._normalize if normalize is None else normalize
     _stats.check_normalize(normalize)
+    _check_capacity(self)
     lead = self.hi.ndim - 2
-    fn = _batched(_sweep_compute, lead, (None, 0, 0, 0))
-    return _stats.renormalize(fn(self.thresholds, self.hi, self.lo, self.invalid), normalize)
+    fn = _batched(_sweep_compute, lead, (None, 0, 0, 0, 0))
+    return _stats.renormalize(fn(self.thresholds, self.hi, self.lo, self.top, self.invalid),
+                              normalize)
 
 
 @jax.jit
@@ -354,9 +405,10 @@ def _sweep_state_1d(c, k, thresholds, mask):
 
 
 @jax.jit
-def _sweep_compute(thresholds, hi, lo, invalid):
+def _sweep_compute(thresholds, hi, lo, top, invalid):
   order, _ = _sweep.sorted_thresholds(thresholds)
-  return _sweep.result_from_bucket_sums(hi, lo, thresholds, order, invalid)
+  invalid = invalid | _exact.over_capacity(top)
+  return _sweep.result_from_bucket_sums(hi, lo, thresholds, order, invalid, top)
 
 
 # --------------------------------------------------------------------- calibration
@@ -377,12 +429,17 @@ class CalibrationState:
   of all the data, however split and merged, computes the same values bit for
   bit.
 
+  Capacity: exact to 2^53 (9.0e15) samples in total, as :class:`SweepState`;
+  :meth:`bins` gives a bin's count as -1 from 2^31 samples (int32).
+
   Attributes:
-    hi, lo: int32 [..., B, 6] exact per-bin sums (``_stats.CALIBRATION_COLUMNS``).
+    hi, lo, top: int32 [..., B, 6] exact per-bin sums
+      ``top * 2^36 + hi * 4096 + lo`` (``_stats.CALIBRATION_COLUMNS``).
     invalid: bool [...].
   """
   hi: jax.Array
   lo: jax.Array
+  top: jax.Array
   invalid: jax.Array
 
   # Class options (not fields), set by configure().
@@ -404,8 +461,8 @@ class CalibrationState:
     """The state of no samples; ``num_bins`` defaults to the class's (15 unless configured)."""
     num_bins = cls._num_bins if num_bins is None else num_bins
     _calibration._check_options(num_bins, "width")
-    zeros = jnp.zeros((int(num_bins), _CAL_WIDTH), jnp.int32)
-    return cls(zeros, zeros, jnp.zeros((), bool))
+    top, hi, lo = _empty_sums((int(num_bins), _CAL_WIDTH))
+    return cls(hi, lo, top, jnp.zeros((), bool))
 
   @classmethod
   @_public.entry
@@ -417,7 +474,9 @@ class CalibrationState:
     c, k, mask = _prepare_batch(confidences, correct, mask)
     fn = _batched(functools.partial(_calibration_state_1d, num_bins=int(num_bins)), c.ndim - 1,
                   (0, 0, None if mask is None else 0))
-    return cls(*fn(c, k, mask))
+    hi, lo, invalid = fn(c, k, mask)
+    top, hi, lo = _widen(hi, lo)
+    return cls(hi, lo, top, invalid)
 
   @classmethod
   def from_model_output(cls, *, confidences: Any = None, correct: Any = None, logits: Any = None,
@@ -432,17 +491,16 @@ class CalibrationState:
 
   def merge(self, other: "CalibrationState") -> "CalibrationState":
     _check_same(jnp.zeros(self.hi.shape[-2:-1]), jnp.zeros(other.hi.shape[-2:-1]), "numbers of bins")
-    hi, lo = _exact.add((self.hi, self.lo), (other.hi, other.lo))
-    return dataclasses.replace(self, hi=hi, lo=lo, invalid=self.invalid | other.invalid)
+    return dataclasses.replace(self, **_merged(self, other), invalid=self.invalid | other.invalid)
 
   def reduce(self) -> "CalibrationState":
-    hi, lo = _exact.canonical(_sum_leading(self.hi), _sum_leading(self.lo))
-    return dataclasses.replace(self, hi=hi, lo=lo, invalid=jnp.any(self.invalid, axis=0))
+    return dataclasses.replace(self, **_reduced(self, _sum_leading),
+                               invalid=jnp.any(self.invalid, axis=0))
 
   def psum(self, axis_name: Any) -> "CalibrationState":
-    hi, lo = _exact.canonical(jax.lax.psum(self.hi, axis_name), jax.lax.psum(self.lo, axis_name))
     return dataclasses.replace(
-        self, hi=hi, lo=lo, invalid=jax.lax.psum(self.invalid.astype(jnp.int32), axis_name) > 0)
+        self, **_reduced(self, lambda x: jax.lax.psum(x, axis_name)),
+        invalid=jax.lax.psum(self.invalid.astype(jnp.int32), axis_name) > 0)
 
   def compute(self, *, norm: str | None = None) -> jax.Array:
     """ECE (``"l1"``), RMS calibration error (``"l2"``) or MCE (``"max"``); see :func:`~cwsa_jax.ece`.
@@ -451,13 +509,16 @@ class CalibrationState:
     """
     norm = type(self)._norm if norm is None else norm
     _calibration._check_options(self.num_bins, "width", norm)
-    fn = _batched(functools.partial(_calibration_error, norm=norm), self.hi.ndim - 2, (0, 0, 0))
-    return fn(self.hi, self.lo, self.invalid)
+    _check_capacity(self)
+    fn = _batched(functools.partial(_calibration_error, norm=norm), self.hi.ndim - 2,
+                  (0, 0, 0, 0))
+    return fn(self.hi, self.lo, self.top, self.invalid)
 
   def bins(self) -> _calibration.CalibrationBins:
     """The reliability-diagram bins (:class:`~cwsa_jax.CalibrationBins`)."""
-    fn = _batched(_calibration_bins, self.hi.ndim - 2, (0, 0, 0))
-    return fn(self.hi, self.lo, self.invalid)
+    _check_capacity(self)
+    fn = _batched(_calibration_bins, self.hi.ndim - 2, (0, 0, 0, 0))
+    return fn(self.hi, self.lo, self.top, self.invalid)
 
 
 @functools.partial(jax.jit, static_argnames=("num_bins",))
@@ -467,16 +528,17 @@ def _calibration_state_1d(c, k, mask, *, num_bins):
 
 
 @functools.partial(jax.jit, static_argnames=("norm",))
-def _calibration_error(hi, lo, invalid, *, norm):
-  value = _calibration.error_from_totals(_stats.calibration_totals(hi, lo), norm)
-  return jnp.where(invalid, jnp.nan, value)
+def _calibration_error(hi, lo, top, invalid, *, norm):
+  value = _calibration.error_from_totals(_stats.calibration_totals(hi, lo, top), norm)
+  return jnp.where(invalid | _exact.over_capacity(top), jnp.nan, value)
 
 
 @jax.jit
-def _calibration_bins(hi, lo, invalid):
+def _calibration_bins(hi, lo, top, invalid):
+  invalid = invalid | _exact.over_capacity(top)
   bins = _calibration.bins_from_totals(_calibration.width_edges(hi.shape[0]),
-                                       _calibration.exact_count(hi, lo),
-                                       _stats.calibration_totals(hi, lo))
+                                       _calibration.exact_count(hi, lo, top),
+                                       _stats.calibration_totals(hi, lo, top))
   return bins._replace(mean_confidence=jnp.where(invalid, jnp.nan, bins.mean_confidence),
                        accuracy=jnp.where(invalid, jnp.nan, bins.accuracy))
 
@@ -551,12 +613,16 @@ class RiskCoverageState:
   ``python benchmarks/streaming_aurc_error.py`` measures the estimate's error
   and the bound width against the exact AURC, per ``mantissa_bits``.
 
+  Capacity: exact sums to 2^53 (9.0e15) samples in total, as :class:`SweepState`.
+
   Attributes:
-    hi, lo: int32 [..., bins, 4] (``_stats.loss_columns``); key_min, key_max: int32 [..., bins];
+    hi, lo, top: int32 [..., bins, 4] (``_stats.loss_columns``, as
+      ``top * 2^36 + hi * 4096 + lo``); key_min, key_max: int32 [..., bins];
     invalid: bool [...]; mantissa_bits: static int.
   """
   hi: jax.Array
   lo: jax.Array
+  top: jax.Array
   key_min: jax.Array
   key_max: jax.Array
   invalid: jax.Array
@@ -579,8 +645,8 @@ class RiskCoverageState:
     """The state of no samples; ``mantissa_bits`` defaults to the class's (8 unless configured)."""
     mantissa_bits = cls._mantissa_bits if mantissa_bits is None else mantissa_bits
     bins = _num_rc_bins(mantissa_bits)
-    zeros = jnp.zeros((bins, _RC_WIDTH), jnp.int32)
-    return cls(zeros, zeros, jnp.full((bins,), _EMPTY_MIN, jnp.int32),
+    top, hi, lo = _empty_sums((bins, _RC_WIDTH))
+    return cls(hi, lo, top, jnp.full((bins,), _EMPTY_MIN, jnp.int32),
                jnp.full((bins,), -1, jnp.int32), jnp.zeros((), bool), mantissa_bits)
 
   @classmethod
@@ -593,7 +659,9 @@ class RiskCoverageState:
     c, k, mask = _prepare_batch(confidences, correct, mask)
     fn = _batched(functools.partial(_rc_state_1d, mantissa_bits=mantissa_bits), c.ndim - 1,
                   (0, 0, None if mask is None else 0))
-    return cls(*fn(c, k, mask), mantissa_bits)
+    hi, lo, key_min, key_max, invalid = fn(c, k, mask)
+    top, hi, lo = _widen(hi, lo)
+    return cls(hi, lo, top, key_min, key_max, invalid, mantissa_bits)
 
   @classmethod
   def from_model_output(cls, *, confidences: Any = None, correct: Any = None, logits: Any = None,
@@ -606,27 +674,27 @@ class RiskCoverageState:
     if other.mantissa_bits != self.mantissa_bits:
       raise ValueError("cannot merge states with different mantissa_bits: "
                        f"{self.mantissa_bits} and {other.mantissa_bits}")
-    hi, lo = _exact.add((self.hi, self.lo), (other.hi, other.lo))
     return dataclasses.replace(
-        self, hi=hi, lo=lo, key_min=jnp.minimum(self.key_min, other.key_min),
+        self, **_merged(self, other), key_min=jnp.minimum(self.key_min, other.key_min),
         key_max=jnp.maximum(self.key_max, other.key_max), invalid=self.invalid | other.invalid)
 
   def reduce(self) -> "RiskCoverageState":
-    hi, lo = _exact.canonical(_sum_leading(self.hi), _sum_leading(self.lo))
-    return dataclasses.replace(self, hi=hi, lo=lo, key_min=jnp.min(self.key_min, axis=0),
+    return dataclasses.replace(self, **_reduced(self, _sum_leading),
+                               key_min=jnp.min(self.key_min, axis=0),
                                key_max=jnp.max(self.key_max, axis=0),
                                invalid=jnp.any(self.invalid, axis=0))
 
   def psum(self, axis_name: Any) -> "RiskCoverageState":
-    hi, lo = _exact.canonical(jax.lax.psum(self.hi, axis_name), jax.lax.psum(self.lo, axis_name))
     return dataclasses.replace(
-        self, hi=hi, lo=lo, key_min=jax.lax.pmin(self.key_min, axis_name),
+        self, **_reduced(self, lambda x: jax.lax.psum(x, axis_name)),
+        key_min=jax.lax.pmin(self.key_min, axis_name),
         key_max=jax.lax.pmax(self.key_max, axis_name),
         invalid=jax.lax.psum(self.invalid.astype(jnp.int32), axis_name) > 0)
 
   def compute(self) -> BinnedRiskCoverage:
-    fn = _batched(_rc_compute, self.hi.ndim - 2, (0, 0, 0, 0, 0))
-    return fn(self.hi, self.lo, self.key_min, self.key_max, self.invalid)
+    _check_capacity(self)
+    fn = _batched(_rc_compute, self.hi.ndim - 2, (0, 0, 0, 0, 0, 0))
+    return fn(self.hi, self.lo, self.top, self.key_min, self.key_max, self.invalid)
 
 
 def _num_rc_bins(mantissa_bits: Any) -> int:
@@ -653,13 +721,16 @@ def _rc_state_1d(c, k, mask, *, mantissa_bits):
 
 
 @jax.jit
-def _rc_compute(hi, lo, key_min, key_max, invalid):
+def _rc_compute(hi, lo, top, key_min, key_max, invalid):
   # Suffix sums over ascending bins = totals of the bins at or above each bin.
-  s_hi, s_lo = _exact.suffix_sums(hi, lo)
-  m, e = _stats.loss_totals(hi, lo)
-  k_incl, e_incl = _stats.loss_totals(s_hi, s_lo)
+  wide = (top, hi, lo)
+  above = _exact.wide_suffix_sums(wide)
+  m, e = _stats.loss_totals(hi, lo, top)
+  k_incl, e_incl = _stats.loss_totals(above[1], above[2], above[0])
   # The bins strictly above, exactly (integer difference, rounded once).
-  k_excl, e_excl = _stats.loss_totals(*_exact.canonical(s_hi - hi, s_lo - lo))
+  excl = _exact.wide_sub(above, wide)
+  k_excl, e_excl = _stats.loss_totals(excl[1], excl[2], excl[0])
+  invalid = invalid | _exact.over_capacity(top)
   n = k_incl[0]
   nonempty = m > 0
   safe_k = jnp.where(nonempty, k_incl, 1.0)

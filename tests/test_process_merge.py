@@ -23,7 +23,8 @@ N = 3001  # odd: the two halves differ in size (a state's size does not depend o
 THRESHOLDS = np.array([0.0, 0.25, 0.5, 0.7, 0.9, 0.99, 0.3], np.float32)
 NUM_BINS = 15
 MANTISSA_BITS = 6
-TIMEOUT = 60  # seconds for a whole two-process run
+TIMEOUT = 120  # seconds for a whole two-process run (two merges of every state, on a loaded CI host)
+DOUBLINGS = 33  # each process's states doubled this often: 1.3e13 samples in all, past int32 sums
 HEARTBEAT = {"merge": 30, "die": 4}  # seconds without heartbeats before a process counts as dead
 SWEEP_FIELDS = ("coverage", "selective_accuracy", "cwsa", "cwsa_plus")
 RC_FIELDS = ("aurc", "aurc_low", "aurc_high", "augrc", "augrc_low", "augrc_high", "exact")
@@ -49,7 +50,7 @@ def results(sweep_state, cal_state, rc_state) -> dict:
   """The merged sums and every metric computed from them, as NumPy arrays."""
   out = {}
   for name, s in (("sweep", sweep_state), ("cal", cal_state), ("rc", rc_state)):
-    for leaf in ("hi", "lo", "invalid", "key_min", "key_max"):
+    for leaf in ("hi", "lo", "top", "invalid", "key_min", "key_max"):
       if hasattr(s, leaf):
         out[f"{name}_{leaf}"] = np.asarray(getattr(s, leaf))
   sweep = sweep_state.compute()
@@ -93,6 +94,12 @@ def worker(out_dir: str, process_id: int, port: int, scenario: str) -> None:
   else:
     report["seconds"] = time.perf_counter() - start
     np.savez(os.path.join(out_dir, f"merged{process_id}.npz"), **results(*merged))
+    # Large counts: each process's states doubled DOUBLINGS times, then merged the same way.
+    double = jax.jit(lambda s: s.merge(s))
+    for _ in range(DOUBLINGS):
+      mine = [double(s) for s in mine]
+    large = [process_merge(s) for s in mine]
+    np.savez(os.path.join(out_dir, f"large{process_id}.npz"), **results(*large))
     # Mismatched configurations: every process raises, naming the odd one, and nothing hangs.
     other = THRESHOLDS if process_id == 0 else THRESHOLDS[:-1]
     for name, value in (("thresholds", SweepState.empty(other)),
@@ -181,6 +188,24 @@ def test_process_merge_of_two_halves_equals_one_process_bit_for_bit(tmp_path):
       for name, want in one.items():
         np.testing.assert_array_equal(merged[name], want, err_msg=f"process {i}: {name}")
   assert not one["rc_exact"]  # continuous confidences: a binned estimate with bounds
+
+  # Each half doubled 2^33 times, then merged: the same metrics, and sums 2^33 times one's.
+  for i in range(2):
+    with np.load(tmp_path / f"large{i}.npz") as large:
+      for name, want in one.items():
+        kind, _, leaf = name.partition("_")
+        if leaf in ("hi", "lo", "top"):
+          continue
+        if leaf == "aurc_high":  # min(1, E / (K + 1)) per bin: a bound that moves with K
+          assert large["rc_aurc"] <= large[name], (i, name)
+        elif kind == "rc" and leaf != "exact":
+          np.testing.assert_allclose(large[name], want, rtol=1e-6, err_msg=f"process {i}: {name}")
+        else:
+          np.testing.assert_array_equal(large[name], want, err_msg=f"process {i}: {name}")
+      for kind in ("sweep", "cal", "rc"):
+        value = lambda d: (d[f"{kind}_top"].astype(object) * (1 << 36)  # noqa: E731
+                           + d[f"{kind}_hi"].astype(object) * (1 << 12) + d[f"{kind}_lo"])
+        assert np.all(value(large) == value(one) * (1 << DOUBLINGS)), (i, kind)
 
   for r in reports:  # a mismatch raises on every process, naming process 1
     assert r["thresholds_error"].startswith("ValueError: process_merge: process 1 passed "
