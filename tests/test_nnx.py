@@ -302,3 +302,24 @@ def _multidevice_checks() -> dict:
 
 if __name__ == "__main__" and sys.argv[1:] == ["--multidevice"]:
   print(json.dumps({name: bool(ok) for name, ok in _multidevice_checks().items()}))
+
+
+def test_metrics_update_under_nnx_jit_with_donation():
+  """A fresh or reset metric owns one buffer per array: donating it to nnx.jit works."""
+  from flax import nnx
+
+  from cwsa_jax.nnx import CalibrationMetric, RiskCoverageMetric, SweepMetric
+  metrics = nnx.MultiMetric(sweep=SweepMetric([0.5, 0.7]), ece=CalibrationMetric(15),
+                            aurc=RiskCoverageMetric())
+
+  @nnx.jit(donate_argnums=0)
+  def step(metrics, c, k):
+    metrics.update(confidences=c, correct=k)
+
+  c = jnp.asarray(np.random.default_rng(0).random(100).astype(np.float32))
+  for _ in range(2):
+    step(metrics, c, c > 0.4)
+  want = cw.sweep(jnp.concatenate([c, c]), jnp.concatenate([c, c]) > 0.4, jnp.array([0.5, 0.7]))
+  np.testing.assert_array_equal(metrics.compute()["sweep"].coverage, want.coverage)
+  metrics.reset()
+  step(metrics, c, c > 0.4)
