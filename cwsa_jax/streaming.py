@@ -165,21 +165,32 @@ def _empty_sums(shape: tuple) -> tuple[jax.Array, jax.Array, jax.Array]:
   return tuple(jnp.zeros(shape, jnp.int32) for _ in range(3))
 
 
-def _sealed(state: Any, wide: tuple) -> dict:
-  """The fields top, hi, lo of merged sums, past-capacity states marked; raises eagerly."""
-  top, hi, lo = _exact.seal(wide)
-  if _validation.is_concrete(top) and bool(np.any(np.asarray(_exact.over_capacity(top)))):
+def _sealed(state: Any, top: jax.Array, hi: jax.Array, lo: jax.Array, over: jax.Array) -> dict:
+  """The fields top, hi, lo of merged sums (``over``: some state is past capacity, which
+  raises eagerly)."""
+  if _validation.is_concrete(over) and bool(over):
     raise ValueError(f"{type(state).__name__}: the merged state is past its capacity; a state is "
                      f"{_CAPACITY_TEXT}")
   return dict(top=top, hi=hi, lo=lo)
 
 
+def _marked(wide: tuple) -> tuple:
+  top, hi, lo = _exact.seal(wide)
+  return top, hi, lo, jnp.any(_exact.over_capacity(top))
+
+
+@jax.jit
+def _merge_sums(a: tuple, b: tuple) -> tuple:
+  """One program for an eager merge's sums (a handful of small ops, one dispatch)."""
+  return _marked(_exact.wide_add(a, b))
+
+
 def _merged(a: Any, b: Any) -> dict:
-  return _sealed(a, _exact.wide_add((a.top, a.hi, a.lo), (b.top, b.hi, b.lo)))
+  return _sealed(a, *_merge_sums((a.top, a.hi, a.lo), (b.top, b.hi, b.lo)))
 
 
 def _reduced(state: Any, total: Callable) -> dict:
-  return _sealed(state, _exact.wide_reduce((state.top, state.hi, state.lo), total))
+  return _sealed(state, *_marked(_exact.wide_reduce((state.top, state.hi, state.lo), total)))
 
 
 def _check_capacity(state: Any) -> None:
