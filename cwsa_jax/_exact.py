@@ -365,7 +365,6 @@ _HI_BITS = 24
 _HI_MASK = (1 << _HI_BITS) - 1
 # Largest total of a column's top limbs over a state's buckets before it is marked.
 TOP_CAPACITY = 3 << 28
-CAPACITY_SAMPLES = 1 << 53
 # A state past its capacity has every top limb set to this (sticky through merges).
 OVER_CAPACITY = -1
 

@@ -155,11 +155,6 @@ _CAPACITY_TEXT = (
     "would not fit")
 
 
-def _widen(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """A batch's exact (hi, lo) pair sums as a state's (top, hi, lo), each array its own buffer."""
-  return _exact.widen(hi, lo)
-
-
 def _empty_sums(shape: tuple) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(top, hi, lo) zeros, three buffers (a donated state must not hold one buffer twice)."""
   return tuple(jnp.zeros(shape, jnp.int32) for _ in range(3))
@@ -348,7 +343,7 @@ class SweepState:
       k = k.astype(jnp.float32)
     fn = _batched(_sweep_state_1d, c.ndim - 1, (0, 0, None, None if mask is None else 0))
     hi, lo, invalid = fn(c, k, t, mask)
-    top, hi, lo = _widen(hi, lo)
+    top, hi, lo = _exact.widen(hi, lo)
     return cls(t, hi, lo, top, invalid)
 
   @classmethod
@@ -486,7 +481,7 @@ class CalibrationState:
     fn = _batched(functools.partial(_calibration_state_1d, num_bins=int(num_bins)), c.ndim - 1,
                   (0, 0, None if mask is None else 0))
     hi, lo, invalid = fn(c, k, mask)
-    top, hi, lo = _widen(hi, lo)
+    top, hi, lo = _exact.widen(hi, lo)
     return cls(hi, lo, top, invalid)
 
   @classmethod
@@ -671,7 +666,7 @@ class RiskCoverageState:
     fn = _batched(functools.partial(_rc_state_1d, mantissa_bits=mantissa_bits), c.ndim - 1,
                   (0, 0, None if mask is None else 0))
     hi, lo, key_min, key_max, invalid = fn(c, k, mask)
-    top, hi, lo = _widen(hi, lo)
+    top, hi, lo = _exact.widen(hi, lo)
     return cls(hi, lo, top, key_min, key_max, invalid, mantissa_bits)
 
   @classmethod
