@@ -137,6 +137,13 @@ def cwsa_surrogate_loss(logits: Any, labels: Any, *, tau: Any = 0.5, temperature
   (:func:`cwsa_jax._soft.soft_cwsa_band_area`). The loss lies in [0, 2]
   ([0, 1] with ``plus=True``, which uses CWSA+ and never penalises errors).
 
+  **Alone it does not train a fresh model.** The weight phi^+ is clipped at 0
+  below tau, so while every confidence of the batch is below tau (or below the
+  band) the loss is exactly 1 and its gradient exactly 0: a freshly initialised
+  10-class model (confidences near 0.1) never leaves that point. Train with
+  :func:`cwsa_regularized_loss` (cross-entropy plus this term), which moves the
+  confidences up until some cross tau, or start from a trained model.
+
   Args:
     logits: [..., n, K] unnormalised scores; leading axes are batch axes
       (one loss each).

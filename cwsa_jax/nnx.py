@@ -40,7 +40,11 @@ This module imports flax (the ``[train]`` extra); ``import cwsa_jax`` does not.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any
+
+import jax
+from jax.typing import ArrayLike
 
 try:
   from flax import nnx
@@ -51,6 +55,7 @@ except ModuleNotFoundError as e:  # flax is optional: not in the core install
                             name="flax") from None
 
 from cwsa_jax import streaming
+from cwsa_jax import SweepResult
 
 __all__ = ["CalibrationMetric", "RiskCoverageMetric", "SweepMetric"]
 
@@ -97,9 +102,16 @@ class _StateMetric(nnx.metrics.Metric):
       batch = batch.psum(axis_name)
     self._store(self.streaming_state().merge(batch))
 
-  def compute(self):
+  def compute(self) -> Any:
     """The metric of every sample added since the last :meth:`reset` (NaN-valued with none)."""
     return self.streaming_state().compute()
+
+  def __init_subclass__(cls, **kwargs: Any) -> None:
+    super().__init_subclass__(**kwargs)
+    # flax's metaclass makes inspect (and help()) show (*args, **kwargs): give the real one.
+    init = inspect.signature(cls.__init__)
+    cls.__signature__ = init.replace(parameters=list(init.parameters.values())[1:],
+                                     return_annotation=inspect.Signature.empty)
 
 
 class SweepMetric(_StateMetric):
@@ -127,9 +139,14 @@ class SweepMetric(_StateMetric):
     [nan, nan]
   """
 
-  def __init__(self, thresholds: Any, *, graded: bool = False, normalize: str = "retained"):
+  def __init__(self, thresholds: ArrayLike, *, graded: bool = False,
+               normalize: str = "retained"):
     super().__init__(streaming.SweepState.configure(thresholds=thresholds, graded=graded,
                                                     normalize=normalize))
+
+  def compute(self) -> SweepResult:
+    """The :class:`~cwsa_jax.SweepResult` of every sample added since the last :meth:`reset`."""
+    return super().compute()
 
 
 class CalibrationMetric(_StateMetric):
@@ -146,6 +163,10 @@ class CalibrationMetric(_StateMetric):
 
   def __init__(self, num_bins: int = 15, *, norm: str = "l1"):
     super().__init__(streaming.CalibrationState.configure(num_bins=num_bins, norm=norm))
+
+  def compute(self) -> jax.Array:
+    """The calibration error (float32 scalar) of every sample added since the last :meth:`reset`."""
+    return super().compute()
 
 
 class RiskCoverageMetric(_StateMetric):
@@ -164,3 +185,8 @@ class RiskCoverageMetric(_StateMetric):
 
   def __init__(self, mantissa_bits: int = 8):
     super().__init__(streaming.RiskCoverageState.configure(mantissa_bits=mantissa_bits))
+
+  def compute(self) -> streaming.BinnedRiskCoverage:
+    """The :class:`~cwsa_jax.streaming.BinnedRiskCoverage` of every sample added since the
+    last :meth:`reset`."""
+    return super().compute()

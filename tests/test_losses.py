@@ -499,3 +499,19 @@ def test_new_losses_bad_input_raises(fn, kwargs, match):
   args.update(kwargs)
   with pytest.raises(ValueError, match=match):
     fn(args.pop("logits"), args.pop("labels"), **args)
+
+
+def test_surrogate_alone_has_no_gradient_below_tau_and_the_regularized_loss_has_one():
+  """The documented trap: every confidence below tau gives loss 1 and gradient exactly 0
+  (a fresh 10-class model); cross-entropy in the regularized loss still moves the logits."""
+  from cwsa_jax import losses
+  logits = 0.1 * jax.random.normal(jax.random.key(0), (64, 10))
+  labels = jax.random.randint(jax.random.key(1), (64,), 0, 10)
+  loss, grad = jax.value_and_grad(lambda z: losses.cwsa_surrogate_loss(z, labels))(logits)
+  assert float(loss) == 1.0 and not np.any(np.asarray(grad))
+  grad = jax.grad(lambda z: losses.cwsa_regularized_loss(z, labels))(logits)
+  assert np.abs(np.asarray(grad)).max() > 1e-4
+  # once one confidence crosses tau the surrogate's gradient is no longer 0
+  crossed = logits.at[0, 0].set(5.0)
+  grad = jax.grad(lambda z: losses.cwsa_surrogate_loss(z, labels))(crossed)
+  assert np.any(np.asarray(grad))

@@ -323,3 +323,14 @@ def test_metrics_update_under_nnx_jit_with_donation():
   np.testing.assert_array_equal(metrics.compute()["sweep"].coverage, want.coverage)
   metrics.reset()
   step(metrics, c, c > 0.4)
+
+
+def test_metric_classes_show_their_real_signatures():
+  """help() and inspect see the constructor's parameters, not flax's (*args, **kwargs)."""
+  import inspect
+  from cwsa_jax import nnx as cnnx
+  assert list(inspect.signature(cnnx.SweepMetric).parameters) == ["thresholds", "graded",
+                                                                  "normalize"]
+  assert list(inspect.signature(cnnx.CalibrationMetric).parameters) == ["num_bins", "norm"]
+  assert list(inspect.signature(cnnx.RiskCoverageMetric).parameters) == ["mantissa_bits"]
+  assert inspect.signature(cnnx.SweepMetric.compute).return_annotation == "SweepResult"
