@@ -67,17 +67,39 @@ DEFAULT_BAND_THRESHOLDS = 9
 
 
 def _kernel(confidences: jax.Array, correct: jax.Array, tau: jax.Array,
-            temperature: jax.Array, plus: bool, normalize: str) -> jax.Array:
-  """Soft CWSA (or CWSA+) of 1-D [n] inputs at one scalar threshold."""
+            temperature: jax.Array, keep: jax.Array | None, plus: bool,
+            normalize: str) -> jax.Array:
+  """Soft CWSA (or CWSA+) of 1-D [n] inputs at one scalar threshold.
+
+  ``keep`` (bool [n] or None): the sums run over the kept samples only, so the
+  value is that of the kept samples alone (0 when none is kept).
+  """
   # Invalid T or tau (possible only when traced) are handled by the caller,
   # which makes the result NaN (``_validation.poison``).
   z = (confidences - tau) / temperature
   weight = jax.nn.relu(confidences - tau) / (1.0 - tau)  # phi clipped at 0
   score = correct if plus else 2.0 * correct - 1.0
   if normalize == "retained":
-    gates = jax.nn.softmax(jax.nn.log_sigmoid(z))  # g_i / sum_j g_j, stably
+    if keep is None:
+      gates = jax.nn.softmax(jax.nn.log_sigmoid(z))  # g_i / sum_j g_j, stably
+    else:
+      gates = _masked_softmax(jax.nn.log_sigmoid(z), keep)
     return jnp.sum(gates * weight * score)
-  return jnp.mean(jax.nn.sigmoid(z) * weight * score)
+  terms = jax.nn.sigmoid(z) * weight * score
+  if keep is None:
+    return jnp.mean(terms)
+  count = jnp.sum(keep).astype(terms.dtype)
+  return jnp.sum(terms, where=keep) / jnp.maximum(count, 1.0)
+
+
+def _masked_softmax(x: jax.Array, keep: jax.Array) -> jax.Array:
+  """softmax of x [n] over the kept entries; 0 at the others, and everywhere when none is kept."""
+  # No -inf anywhere: masked entries are replaced before exp (so nothing overflows
+  # where the result is discarded), and the shift needs no gradient (shift-invariance).
+  shift = jax.lax.stop_gradient(jnp.max(jnp.where(keep, x, jnp.min(x))))
+  unnormalized = jnp.where(keep, jnp.exp(jnp.where(keep, x - shift, 0.0)), 0.0)
+  total = jnp.sum(unnormalized)  # >= 1 (the kept maximum) unless nothing is kept
+  return unnormalized / jnp.where(total > 0, total, 1.0)
 
 
 def _temperature(temperature: Any) -> tuple[jax.Array, jax.Array | None]:
@@ -115,26 +137,28 @@ def _prepare_tau(tau: Any, name: str = "tau") -> jax.Array:
   return _validation.nan_if_invalid(*_tau(tau, name))
 
 
-def _batched(fn, batch_ndim: int):
-  """vmaps ``fn(confidences, correct, *rest)`` over leading batch axes."""
+def _batched(fn, batch_ndim: int, masked: bool = False):
+  """vmaps ``fn(confidences, correct, tau, temperature, keep)`` over leading batch axes."""
   for _ in range(batch_ndim):
-    fn = jax.vmap(fn, in_axes=(0, 0, None, None))
+    fn = jax.vmap(fn, in_axes=(0, 0, None, None, 0 if masked else None))
   return fn
 
 
-def _soft_metric(confidences, correct, tau, temperature, *, plus, normalize):
+def _soft_metric(confidences, correct, tau, temperature, keep=None, *, plus, normalize):
+  """[...] soft metric; ``keep`` (bool [..., n] or None) as in :func:`_kernel`."""
   if tau.ndim != 0:
     raise ValueError(
         f"tau must be a scalar (use soft_cwsa_sweep for several thresholds), got shape {tau.shape}")
-  return _soft_metric_jit(confidences, correct, tau, temperature, plus=plus, normalize=normalize)
+  return _soft_metric_jit(confidences, correct, tau, temperature, keep, plus=plus,
+                          normalize=normalize)
 
 
 @functools.partial(jax.jit, static_argnames=("plus", "normalize"))
-def _soft_metric_jit(confidences, correct, tau, temperature, *, plus, normalize):
+def _soft_metric_jit(confidences, correct, tau, temperature, keep, *, plus, normalize):
   fn = functools.partial(_kernel, plus=plus, normalize=normalize)
-  fn = _batched(fn, confidences.ndim - 1)
+  fn = _batched(fn, confidences.ndim - 1, masked=keep is not None)
   dtype = confidences.dtype
-  return fn(confidences, correct, tau.astype(dtype), temperature.astype(dtype))
+  return fn(confidences, correct, tau.astype(dtype), temperature.astype(dtype), keep)
 
 
 @_public.float_entry
@@ -240,12 +264,13 @@ def soft_cwsa_plus(confidences: Any, correct: Any, tau: Any = 0.5, *,
 
 
 @functools.partial(jax.jit, static_argnames=("plus", "normalize"))
-def _sweep(confidences, correct, thresholds, temperature, *, plus, normalize):
+def _sweep(confidences, correct, thresholds, temperature, keep=None, *, plus, normalize):
+  """[..., T] soft metric at each threshold; ``keep`` as in :func:`_kernel`."""
   fn = functools.partial(_kernel, plus=plus, normalize=normalize)
-  fn = jax.vmap(fn, in_axes=(None, None, 0, None))  # one kernel, vmapped over thresholds
-  fn = _batched(fn, confidences.ndim - 1)
+  fn = jax.vmap(fn, in_axes=(None, None, 0, None, None))  # one kernel, vmapped over thresholds
+  fn = _batched(fn, confidences.ndim - 1, masked=keep is not None)
   dtype = confidences.dtype
-  return fn(confidences, correct, thresholds.astype(dtype), temperature.astype(dtype))
+  return fn(confidences, correct, thresholds.astype(dtype), temperature.astype(dtype), keep)
 
 
 @_public.float_entry

@@ -515,3 +515,141 @@ def test_surrogate_alone_has_no_gradient_below_tau_and_the_regularized_loss_has_
   crossed = logits.at[0, 0].set(5.0)
   grad = jax.grad(lambda z: losses.cwsa_surrogate_loss(z, labels))(crossed)
   assert np.any(np.asarray(grad))
+
+
+# ---------------------------------------------------------------------------
+# Masks (padded batches): a masked loss is the loss of the kept samples alone.
+
+_MASKED_LOSSES = {
+    "surrogate": lambda l, y, **k: cwsa_surrogate_loss(l, y, temperature=0.1, **k),
+    "surrogate_band_plus": lambda l, y, **k: cwsa_surrogate_loss(
+        l, y, band=(0.3, 0.8), num_thresholds=5, plus=True, **k),
+    "regularized_hard": lambda l, y, **k: cwsa_regularized_loss(l, y, correctness="hard", **k),
+    "focal": lambda l, y, **k: focal_loss(l, y, gamma=2.0, **k),
+    "inverse_focal": lambda l, y, **k: inverse_focal_loss(l, y, gamma=2.0, **k),
+    "soft_aurc": lambda l, y, **k: soft_aurc_loss(l, y, temperature=0.05, **k),
+    "soft_aurc_regularized": lambda l, y, **k: soft_aurc_regularized_loss(l, y, weight=0.5, **k),
+}
+_N, _KEPT = 32, 23  # padded batch size; kept samples of the 1-D case
+
+
+def _padded(seed=40):
+  """Logits [32, 4] and labels [32] whose last rows are finite garbage (huge logits)."""
+  logits, labels = random_logits(seed, n=_N, num_classes=4)
+  rng = np.random.default_rng(seed)
+  logits[_KEPT:] = (1e4 * rng.normal(size=(_N - _KEPT, 4))).astype(np.float32)
+  return logits, labels
+
+
+@functools.lru_cache(maxsize=None)
+def _masked_program(name):
+  """One compiled program per loss (compiling dominates these tests): the loss of the kept
+  samples alone, value and gradient with a bool [n] mask, values with an int [2, n] mask
+  and a float [1, n] one over a batch axis."""
+  f = _MASKED_LOSSES[name]
+
+  @jax.jit
+  def program(logits, labels, keep, int_logits, int_labels, int_mask, float_logits,
+              float_labels, float_mask):
+    kept = f(logits[:_KEPT], labels[:_KEPT])
+    value, grad = jax.value_and_grad(lambda l: f(l, labels, mask=keep))(logits)
+    return (kept, value, grad, f(int_logits, int_labels, mask=int_mask),
+            f(float_logits, float_labels, mask=float_mask))
+
+  return program
+
+
+@pytest.mark.parametrize("name", sorted(_MASKED_LOSSES))
+def test_mask_gives_the_loss_of_the_kept_samples(name):
+  logits, labels = _padded()  # the padding rows hold huge logits
+  keep = np.arange(_N) < _KEPT
+  # int [2, n]: kept samples anywhere in the first row, none in the second.
+  perm = np.random.default_rng(1).permutation(_N)
+  int_case = (np.stack([logits[perm], logits]), np.stack([labels[perm], labels]),
+              np.stack([keep[perm], np.zeros(_N, bool)]).astype(np.int32))
+  # float [1, n] broadcast (any nonzero keeps a sample); the second row holds the same
+  # kept samples in another order.
+  shuffle = np.concatenate([np.random.default_rng(2).permutation(_KEPT),
+                            _KEPT + np.arange(_N - _KEPT)[::-1]])
+  float_case = (np.stack([logits, logits[shuffle]]), np.stack([labels, labels[shuffle]]),
+                np.where(keep, 0.5, 0.0).astype(np.float32)[None])
+  program = _masked_program(name)
+  kept, value, grad, int_values, float_values = program(logits, labels, keep, *int_case,
+                                                        *float_case)
+  close = functools.partial(np.testing.assert_allclose, rtol=1e-6, atol=1e-7)
+  close(float(value), float(kept))
+  close(np.asarray(int_values), [float(kept), 0.0])  # a row with nothing kept: 0
+  close(np.asarray(float_values), [float(kept)] * 2)
+  grad = np.asarray(grad)
+  assert np.all(np.isfinite(grad)) and not np.any(grad[_KEPT:])  # exactly 0 on the padding
+  # Nothing kept (a padding-only step): loss 0 and gradient 0.
+  _, value, grad, _, _ = program(logits, labels, np.zeros(_N, bool), *int_case, *float_case)
+  assert float(value) == 0.0 and not np.any(np.asarray(grad))
+
+
+def test_mask_under_jit_is_traced():
+  logits, labels = _padded()
+  traces = []
+
+  @jax.jit
+  def f(logits, mask):
+    traces.append(1)
+    return (cwsa_regularized_loss(logits, labels, mask=mask),
+            soft_aurc_regularized_loss(logits, labels, mask=mask),
+            focal_loss(logits, labels, gamma=1.0, mask=mask))
+
+  for kept in (_KEPT, 10, 0):
+    keep = np.arange(_N) < kept
+    got = f(logits, keep)
+    eager = (cwsa_regularized_loss(logits, labels, mask=keep.tolist()),  # a list is fine
+             soft_aurc_regularized_loss(logits, labels, mask=keep),
+             focal_loss(logits, labels, gamma=1.0, mask=keep))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(eager), rtol=1e-6, atol=1e-7)
+  assert len(traces) == 1
+
+
+def test_traced_invalid_mask_or_padding_gives_nan():
+  # As everywhere in the kit: invalid traced values give a NaN loss, never a number.
+  logits, labels = _padded()
+  keep = (np.arange(_N) < _KEPT).astype(np.float32)
+  f = jax.jit(lambda l, m: cwsa_regularized_loss(l, labels, mask=m))
+  assert np.isfinite(float(f(logits, keep)))
+  assert np.isnan(float(f(logits, np.where(np.arange(_N) == 3, np.nan, keep))))
+  assert np.isnan(float(f(logits, np.where(np.arange(_N) == 30, np.inf, keep))))
+  # NaN logits in a dropped row are still invalid input (checked in full).
+  nan_logits = logits.copy()
+  nan_logits[-1, 0] = np.nan
+  assert np.isnan(float(f(nan_logits, keep)))
+  # ... and with batch axes only the row that holds them.
+  g = jax.jit(lambda l, m: soft_aurc_loss(l, np.stack([labels, labels]), mask=m))
+  values = np.asarray(g(np.stack([logits, nan_logits]), keep))
+  assert np.isfinite(values[0]) and np.isnan(values[1])
+
+
+@pytest.mark.parametrize("mask, error, match", [
+    (np.ones(_N + 1, bool), ValueError, "mask must be broadcastable to labels.shape"),
+    (np.ones((2, _N), bool), ValueError, "mask must be broadcastable"),
+    (np.ones((_N, 1), bool), ValueError, "mask must be broadcastable"),
+    (np.ones(_N, np.complex64), TypeError, "mask must be a boolean, integer or float"),
+    (np.array(["yes"] * _N), TypeError, "mask must be a boolean, integer or float"),
+    (object(), TypeError, "mask must be a boolean, integer or float"),
+    ([[1, 0], [1]], ValueError, "mask must be a boolean, integer or float"),
+    (np.where(np.arange(_N) == 5, np.nan, 1.0), ValueError, "mask contains 1 NaN"),
+    (np.where(np.arange(_N) == 5, np.inf, 1.0), ValueError, "mask contains 1 NaN or infinite"),
+])
+@pytest.mark.parametrize("name", ["regularized_hard", "focal", "soft_aurc"])
+def test_bad_mask_raises(name, mask, error, match):
+  logits, labels = _padded()
+  with pytest.raises(error, match=match):
+    _MASKED_LOSSES[name](logits, labels, mask=mask)
+
+
+def test_invalid_values_in_dropped_rows_still_raise():
+  logits, labels = _padded()
+  keep = np.arange(_N) < _KEPT
+  bad = logits.copy()
+  bad[-1, 0] = np.inf
+  with pytest.raises(ValueError, match="logits contains 1 NaN or infinite"):
+    cwsa_surrogate_loss(bad, labels, mask=keep)
+  with pytest.raises(ValueError, match="labels must lie in"):
+    focal_loss(logits, np.where(keep, labels, -1), gamma=1.0, mask=keep)

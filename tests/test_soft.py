@@ -390,3 +390,29 @@ def test_sweep_bad_thresholds_raise():
     soft_cwsa_sweep([0.5, 0.8], [1, 0], [0.5, 1.0], temperature=0.01)
   with pytest.raises(ValueError, match="empty"):
     soft_cwsa_sweep([0.5, 0.8], [1, 0], [], temperature=0.01)
+
+
+# ---------------------------------------------------------------------------
+# The kernels' ``keep`` (the losses' masks): the sums run over the kept samples.
+
+@pytest.mark.parametrize("plus, normalize", [(False, "retained"), (False, "all"),
+                                             (True, "retained")])
+def test_kernel_keep_is_the_metric_of_the_kept_samples(plus, normalize):
+  from cwsa_jax import _soft
+  c, kappa = random_case(50, 24, graded=True)
+  keep = np.random.default_rng(50).random(24) < 0.6
+  tau, temperature = jnp.float32(0.4), jnp.float32(0.05)
+  kw = dict(plus=plus, normalize=normalize)
+  got = float(_soft._soft_metric(jnp.asarray(c), jnp.asarray(kappa), tau, temperature,
+                                 jnp.asarray(keep), **kw))
+  ref = soft_reference(c[keep], kappa[keep], 0.4, 0.05, plus=plus, normalize=normalize)
+  assert abs(got - ref) <= 1e-6
+  sweep = _soft._sweep(jnp.asarray(c), jnp.asarray(kappa), jnp.float32([0.2, 0.4]), temperature,
+                       jnp.asarray(keep), **kw)
+  np.testing.assert_allclose(float(sweep[1]), ref, atol=1e-6)
+  # Nothing kept: 0, with a zero (finite) gradient, at a tiny temperature too.
+  none = jnp.zeros(24, bool)
+  value, grad = jax.value_and_grad(
+      lambda x: _soft._soft_metric(x, jnp.asarray(kappa), tau, jnp.float32(1e-6), none, **kw))(
+          jnp.asarray(c))
+  assert float(value) == 0.0 and not np.any(np.asarray(grad))
