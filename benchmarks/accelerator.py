@@ -37,6 +37,7 @@ too, to test the script.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -127,6 +128,34 @@ FUSED_MAX_T = 64
 def read_floor():
   """One pass over the inputs: the fastest any kernel that reads them can be."""
   return jax.jit(lambda c, ok: jnp.sum(c) + jnp.sum(ok.astype(jnp.int32)))
+
+
+def with_kernels(case: bench.Case, d: bench.Data, kernels) -> bench.Case:
+  """``case`` with its kit called through the internal entry point with ``kernels`` (e.g. the
+  dense launches of ``--launch``), for the kernels that take the dense sums: sweep, ece,
+  calibration_bins and select_threshold on ``d``; any other case as it is."""
+  from cwsa_jax import _calibration, _select, _sweep  # noqa: PLC0415
+  opts = case.options
+  if case.kernel == "sweep":
+    t = jax.device_put(bench.thresholds(opts["T"]))
+    kit = lambda: _sweep._sweep(d.jc, d.jok, t, normalize=opts["normalize"],  # noqa: E731
+                                kernels=kernels)
+  elif case.kernel == "ece":
+    kit = lambda: _calibration._ece(d.jc, d.jok, num_bins=opts["num_bins"],  # noqa: E731
+                                    norm=opts["norm"], binning=opts["binning"], kernels=kernels)
+  elif case.kernel == "calibration_bins":
+    kit = lambda: _calibration._calibration_bins(  # noqa: E731
+        d.jc, d.jok, num_bins=opts["num_bins"], binning=opts["binning"], kernels=kernels)
+  elif case.kernel == "select_threshold":
+    kit = lambda: _select._select_threshold(d.jc, d.jok, metric=opts["metric"],  # noqa: E731
+                                            min_coverage=opts["min_coverage"], kernels=kernels)
+  else:
+    return case
+  return dataclasses.replace(case, kit=kit)
+
+
+# The kernels with_kernels gives another launch.
+LAUNCH_KERNELS = ("sweep", "ece", "calibration_bins", "select_threshold")
 
 
 def input_bytes(case: bench.Case, d: bench.Data | None) -> int | None:
@@ -223,13 +252,14 @@ def main(argv=None) -> int:
   parser.add_argument("--out", default=None, help=f"JSON file (default {DEFAULT_OUT}; none with --quick)")
   parser.add_argument("--launch", default=None,
                       help="a gpu_choices.py JSON: the dense kernel's launches it found fastest "
-                           "replace _dense.LAUNCH's (recorded in settings)")
+                           "replace the library's in the rows of " + ", ".join(LAUNCH_KERNELS)
+                           + " (recorded in settings)")
   args = parser.parse_args(argv)
-  from cwsa_jax import _dense  # noqa: PLC0415
+  from cwsa_jax import _dispatch  # noqa: PLC0415
+  kernels = _dispatch.DEFAULT
   if args.launch:
     with open(args.launch) as f:
-      for height, launch in json.load(f).get("launch", {}).items():
-        _dense.LAUNCH[int(height)] = tuple(launch)
+      kernels = kernels.with_launches(json.load(f).get("launch", {}))
   start_all = time.perf_counter()
   device = jax.devices()[0]
   if device.platform == "cpu" and not args.quick:
@@ -263,8 +293,9 @@ def main(argv=None) -> int:
                    "models": {"count": bench.NUM_MODELS, "n_per_model": models_n},
                    "data": "c ~ U(0.3, 1) float32, correct with probability c (seed 0)",
                    "timing": "interleaved rounds, min and median; compilation excluded",
-                   "dense_launch": {str(k): list(v) for k, v in _dense.LAUNCH.items()},
-                   "launch_from": args.launch},
+                   "dense_launch": {str(k): list(v) for k, v in kernels.dense_launch},
+                   "launch_from": args.launch,
+                   "launch_kernels": list(LAUNCH_KERNELS) if args.launch else []},
       "load_average_before": load_average(),
       "read_floor": [],
       "rows": [],
@@ -345,6 +376,8 @@ def main(argv=None) -> int:
     # The goals first: sweep, ece, aurc.
     first = {"sweep": 0, "ece": 1, "aurc": 2}
     cases.sort(key=lambda c: first.get(c.kernel, 3))
+    if args.launch:
+      cases = [with_kernels(case, d, kernels) for case in cases]
     for case in cases:
       if bench.selected(case.kernel, only):
         family = case.kernel in ("aurc", "augrc", "eaurc", "risk_coverage_curve")

@@ -14,21 +14,23 @@ For a sweep of T = 10, 20 and 50 thresholds (16, 32 and 64 mask rows) and the
   timing; the fastest exact launch of each mask height (in the first case of
   that height) is written to the JSON's ``launch`` (``accelerator.py
   --launch`` applies it) and used by
-* the public ``sweep`` / ``ece`` with the dense kernel on and off (each
-  compiled ahead of time with ``_dense.ENABLED`` set), results compared;
+* the public ``sweep`` / ``ece`` with the dense kernel on and off (their internal entry
+  points, each compiled ahead of time with ``Kernels(dense=...)``), results compared;
 * one read of the inputs (``jnp.sum``), the floor of any kernel;
 * ``jax.vmap`` of the sweep over 64 models of 10^5 samples, the kernel on and off;
-* the sweep at T = 1000 with ``_sorted_sums`` (one sort, prefix sums) and the
-  equal-mass ECE with its edges by one sort (``_sort.order_statistics``), each on
-  and off, beside one ``lax.sort`` of the packed keys.
+* the sweep at T = 1000 with ``_sorted_sums`` (one sort, prefix sums;
+  ``Kernels.sorted_sums``) and the equal-mass ECE with its edges by one sort
+  (``_sort.order_statistics``, ``Kernels.select_by_sort``), each on and off, beside
+  one ``lax.sort`` of the packed keys.
 
 And for the AURC family: ``aurc`` "step" and "trapezoid", ``eaurc`` "step" and
 ``risk_coverage_summary`` "trapezoid" with the sort and ``_group_areas``'
 kernel (``_group_areas.ENABLED``) against the XLA scans
 (results compared, their largest relative difference recorded), and
 ``risk_coverage_curve``'s group starts by running maxima
-(``_risk_coverage.STARTS_BY_RUNNING_MAX``) against a scatter and a gather, each
-beside one ``lax.sort`` of the packed keys. ``--switches`` picks among these
+(``_risk_coverage_kernels.STARTS_BY_RUNNING_MAX``) against a scatter and a gather, each
+beside one ``lax.sort`` of the packed keys (these two still module switches: the
+risk-coverage family takes no ``Kernels`` yet). ``--switches`` picks among these
 cases (and the two above); ``--deadline-s`` stops trying launches.
 
 All timed interleaved (min and median), compilation excluded; bytes read are
@@ -40,6 +42,7 @@ stdout (and to ``--out``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -55,10 +58,10 @@ import accelerator  # noqa: E402
 from _common import environment, interleaved_times, summarize, write_json_atomic  # noqa: E402
 
 import cwsa_jax as cj  # noqa: E402
-from cwsa_jax import _calibration, _dense, _group_areas, _sweep  # noqa: E402
+from cwsa_jax import _calibration, _dense, _dispatch, _group_areas, _sweep  # noqa: E402
 
 # Launches of the dense kernels tried per mask height R (16, 32 or 64 rows): (form, samples per
-# step, warps, pipeline stages); the library's (``_dense.LAUNCH``) is always tried first.
+# step, warps, pipeline stages); the library's (``_dispatch.DENSE_LAUNCH``) is always tried first.
 # "unrolled" reads a step as block / (32 warps) loads of one sample per thread: with up to 2^16
 # samples per program that is at most 1023 per accumulator only from 64 lanes (2 warps) on.
 CONFIGS = {
@@ -84,23 +87,51 @@ def fits(form: str, block: int, warps: int) -> bool:
   return (1 << 16) // lanes <= 1023
 
 
+def _sweep_with(t):
+  """The public sweep at thresholds ``t``, as a function of the kernels it runs with."""
+  return lambda kernels: lambda c, k: _sweep._sweep(c, k, t, kernels=kernels)
+
+
+def _ece_with(t):
+  """The public ECE (15 equal-width bins), as a function of the kernels it runs with."""
+  del t
+  return lambda kernels: lambda c, k: _calibration._ece(c, k, kernels=kernels)
+
+
 def cases():
   grid = lambda t: np.sort(np.asarray(t, np.float32))  # noqa: E731
   return {
-      "sweep_T10": dict(rows=grid(np.arange(10) / 20 + 0.5), unit=True,
-                        public=lambda t: lambda c, k: cj.sweep(c, k, t)),
+      "sweep_T10": dict(rows=grid(np.arange(10) / 20 + 0.5), unit=True, public=_sweep_with),
       "ece_15_bins": dict(rows=np.asarray(_calibration.width_edges(15))[1:-1], unit=False,
-                          public=lambda t: lambda c, k: cj.ece(c, k)),
+                          public=_ece_with),
       # 32 mask rows: the lanes form's largest height (its accumulators: 5 x 32 per sample slot)
-      "sweep_T20": dict(rows=grid(np.linspace(0.5, 0.975, 20)), unit=True,
-                        public=lambda t: lambda c, k: cj.sweep(c, k, t)),
-      "sweep_T50": dict(rows=grid(cj.default_thresholds()), unit=True,
-                        public=lambda t: lambda c, k: cj.sweep(c, k, t)),
+      "sweep_T20": dict(rows=grid(np.linspace(0.5, 0.975, 20)), unit=True, public=_sweep_with),
+      "sweep_T50": dict(rows=grid(cj.default_thresholds()), unit=True, public=_sweep_with),
   }
 
 
+def compare(on, off, *args, differences=None) -> bool:
+  """Whether two compiled forms give equal results (their largest relative difference goes
+  into ``differences``, a list, where given)."""
+  pairs = [(np.asarray(x, np.float64), np.asarray(y, np.float64))
+           for x, y in zip(jax.tree.leaves(on(*args)), jax.tree.leaves(off(*args)))]
+  if differences is not None:
+    differences.append(max((float(np.nanmax(np.abs(x - y) / np.maximum(np.abs(y), 1e-30)))
+                             if x.size else 0.0) for x, y in pairs))
+  return all(np.array_equal(x, y, equal_nan=True) for x, y in pairs)
+
+
+def configured(fn_of, kernels: _dispatch.Kernels, option: str, *args, differences=None):
+  """``fn_of(kernels)`` compiled ahead of time with ``kernels.option`` True and False, and
+  whether their results are equal (see :func:`compare`)."""
+  on, off = (jax.jit(fn_of(dataclasses.replace(kernels, **{option: value}))).lower(*args).compile()
+             for value in (True, False))
+  return on, off, compare(on, off, *args, differences=differences)
+
+
 def compiled(fn, module, switch: str, value: bool, *args):
-  """``jax.jit(fn)`` compiled ahead of time with ``module.switch = value`` (fixed afterwards)."""
+  """``jax.jit(fn)`` compiled ahead of time with ``module.switch = value`` (fixed afterwards):
+  the risk-coverage family's switches, which no ``Kernels`` reaches yet."""
   saved = getattr(module, switch)
   setattr(module, switch, value)
   jax.clear_caches()
@@ -113,15 +144,10 @@ def compiled(fn, module, switch: str, value: bool, *args):
 
 def switched(fn, module, switch: str, *args, differences=None):
   """``fn`` compiled with ``module.switch`` True and False, and whether their results are equal
-  (their largest relative difference goes into ``differences``, a list, where given)."""
+  (see :func:`compare`)."""
   on = compiled(fn, module, switch, True, *args)
   off = compiled(fn, module, switch, False, *args)
-  pairs = [(np.asarray(x, np.float64), np.asarray(y, np.float64))
-           for x, y in zip(jax.tree.leaves(on(*args)), jax.tree.leaves(off(*args)))]
-  if differences is not None:
-    differences.append(max((float(np.nanmax(np.abs(x - y) / np.maximum(np.abs(y), 1e-30)))
-                             if x.size else 0.0) for x, y in pairs))
-  return on, off, all(np.array_equal(x, y, equal_nan=True) for x, y in pairs)
+  return on, off, compare(on, off, *args, differences=differences)
 
 
 def report(name: str, label: str, s: dict, note="") -> None:
@@ -142,17 +168,17 @@ def timed(fns: dict, repeats: int, nbytes: int, spec) -> dict:
   return out
 
 
-def models_case(repeats, spec, payload, quick) -> None:
+def models_case(repeats, spec, payload, quick, kernels) -> None:
   """``jax.vmap`` of the sweep (T = 50) over 64 models of 10^5 samples, the kernel on and off."""
   models, n = (4, 5000) if quick else (64, 100_000)
   key_c, key_k = jax.random.split(jax.random.key(1))
   c = jax.random.uniform(key_c, (models, n), jnp.float32, 0.3, 1.0)
   ok = jax.random.uniform(key_k, (models, n), jnp.float32) < c
   t = jnp.asarray(cj.default_thresholds())
-  fn = jax.vmap(lambda c, k: cj.sweep(c, k, t))
+  fn_of = lambda kernels: jax.vmap(_sweep_with(t)(kernels))  # noqa: E731
   out = {"models": models, "n_per_model": n}
   payload["cases"]["sweep_64_models"] = out
-  on, off, out["public_equal"] = switched(fn, _dense, "ENABLED", c, ok)
+  on, off, out["public_equal"] = configured(fn_of, kernels, "dense", c, ok)
   out["times"] = timed({"public_dense_on": lambda: on(c, ok), "public_dense_off": lambda: off(c, ok)},
                        repeats, 5 * models * n, spec)
   for label, s in out["times"].items():
@@ -161,33 +187,41 @@ def models_case(repeats, spec, payload, quick) -> None:
         file=sys.stderr)
 
 
-def switch_cases(c, ok, repeats, nbytes, spec, payload, only=None) -> None:
-  """Module switches on and off, each beside one ``lax.sort`` of the packed keys: the sweep at
+def switch_cases(c, ok, repeats, nbytes, spec, payload, kernels, only=None) -> None:
+  """Kernel choices on and off, each beside one ``lax.sort`` of the packed keys: the sweep at
   T = 1000 by one sort (``_sorted_sums``), the equal-mass ECE's edges by one sort
-  (``_sort.order_statistics``), and the AURC scan's group starts by running maxima."""
-  from cwsa_jax import _risk_coverage, _sort, _sorted_sums
+  (``_sort.order_statistics``), and, with module switches still (the risk-coverage family
+  takes no ``Kernels`` yet), the AURC family's group tiles and the AURC scan's group starts by
+  running maxima."""
+  from cwsa_jax import _risk_coverage_kernels
   t = jnp.asarray(accelerator.bench.thresholds(1000))
   sort_fn = accelerator.packed_sort()
   sorts, scans = ("public_sort_on", "public_sort_off"), ("running_max", "scatter_gather")
   tiles = ("group_tiles", "xla_scans")
+  mass_ece = lambda kernels: lambda c, k: _calibration._ece(  # noqa: E731
+      c, k, binning="mass", kernels=kernels)
+  # (name, function, module or None, switch, labels): with no module the function is one of
+  # the kernels and the switch a Kernels option
   for name, fn, module, switch, labels in (
-      ("sweep_T1000", lambda c, k: cj.sweep(c, k, t), _sorted_sums, "ENABLED", sorts),
-      ("ece_mass", lambda c, k: cj.ece(c, k, binning="mass"), _sort, "SELECT_BY_SORT_ON_GPU",
-       sorts),
+      ("sweep_T1000", _sweep_with(t), None, "sorted_sums", sorts),
+      ("ece_mass", mass_ece, None, "select_by_sort", sorts),
       ("aurc_step", cj.aurc, _group_areas, "ENABLED", tiles),
       ("aurc_trapezoid", lambda c, k: cj.aurc(c, k, convention="trapezoid"), _group_areas,
        "ENABLED", tiles),
       ("eaurc_step", cj.eaurc, _group_areas, "ENABLED", tiles),
       ("summary_trapezoid", lambda c, k: cj.risk_coverage_summary(c, k, convention="trapezoid"),
        _group_areas, "ENABLED", tiles),
-      ("curve", cj.risk_coverage_curve, _risk_coverage, "STARTS_BY_RUNNING_MAX", scans)):
+      ("curve", cj.risk_coverage_curve, _risk_coverage_kernels, "STARTS_BY_RUNNING_MAX", scans)):
     if only is not None and name not in only:
       continue
-    out = {"switch": f"{module.__name__}.{switch}"}
+    out = {"switch": f"Kernels.{switch}" if module is None else f"{module.__name__}.{switch}"}
     payload["cases"][name] = out
     try:
       differences = []
-      on, off, out["equal"] = switched(fn, module, switch, c, ok, differences=differences)
+      if module is None:
+        on, off, out["equal"] = configured(fn, kernels, switch, c, ok, differences=differences)
+      else:
+        on, off, out["equal"] = switched(fn, module, switch, c, ok, differences=differences)
       out["max_relative_difference"] = differences[0]
     except Exception as e:  # noqa: BLE001 - report and go on
       out["error"] = f"{type(e).__name__}: {str(e)[:400]}"
@@ -218,9 +252,9 @@ def main(argv=None) -> int:
   configs = QUICK_CONFIGS if args.quick else CONFIGS
   deadline = start + args.deadline_s
   launches = {}  # mask height -> the fastest exact launch (the first case of that height)
-  if args.quick:
-    _dense.INTERPRET = True
-    _group_areas.INTERPRET = True
+  # --quick runs on a CPU: the dense kernels through Pallas' interpreter. The public functions
+  # run with these kernels, each height's fastest launch put in once found.
+  kernels = _dispatch.Kernels(interpret=args.quick)
   device = jax.devices()[0]
   kind = getattr(device, "device_kind", "")
   spec = accelerator.spec_bandwidth(kind)
@@ -244,7 +278,7 @@ def main(argv=None) -> int:
     want = [np.asarray(x) for x in scatter(c, ok, rows)]
     fns = {"read_floor": lambda: floor_fn(c, ok), "scatter_sums": lambda: scatter(c, ok, rows)}
     height = _dense._num_rows(rows.shape[0] + 1)
-    library = tuple(_dense.LAUNCH[height])
+    library = _dispatch.DEFAULT.launch(height)
     tried = (library,) + tuple(x for x in configs[height]
                                if tuple(x) != library and fits(*tuple(x)[:3]))
     labels = {}
@@ -254,7 +288,8 @@ def main(argv=None) -> int:
         out["configs"][label] = {"skipped": "deadline"}
         continue
       fn = jax.jit(functools.partial(_dense.bucket_sums, unit=case["unit"], block=block,
-                                     form=form, num_warps=warps, num_stages=stages))
+                                     form=form, num_warps=warps, num_stages=stages,
+                                     kernels=kernels))
       try:
         got = [np.asarray(x) for x in fn(c, ok, rows)]
       except Exception as e:  # noqa: BLE001 - report and go on
@@ -272,11 +307,11 @@ def main(argv=None) -> int:
       best = min(kernel_times, key=lambda k: kernel_times[k]["min_s"])
       out["fastest_launch"] = labels[best]
       launches.setdefault(height, labels[best])
-      _dense.LAUNCH[height] = tuple(launches[height])
-    out["public_launch"] = list(_dense.LAUNCH[height])
+      kernels = kernels.with_launches({height: launches[height]})
+    out["public_launch"] = list(kernels.launch(height))
     public = case["public"](rows if name.startswith("sweep") else None)
     try:
-      on, off, out["public_equal"] = switched(public, _dense, "ENABLED", c, ok)
+      on, off, out["public_equal"] = configured(public, kernels, "dense", c, ok)
       fns["public_dense_on"] = lambda: on(c, ok)
       fns["public_dense_off"] = lambda: off(c, ok)
     except Exception as e:  # noqa: BLE001
@@ -292,8 +327,8 @@ def main(argv=None) -> int:
     if args.out:
       write_json_atomic(args.out, payload)
   payload["launch"] = {str(k): v for k, v in launches.items()}
-  models_case(args.repeats, spec, payload, args.quick)
-  switch_cases(c, ok, args.repeats, nbytes, spec, payload,
+  models_case(args.repeats, spec, payload, args.quick, kernels)
+  switch_cases(c, ok, args.repeats, nbytes, spec, payload, kernels,
                None if args.switches is None else args.switches.split(","))
   payload["elapsed_s"] = time.perf_counter() - start
   if args.out:

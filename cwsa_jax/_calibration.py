@@ -58,6 +58,7 @@ import numpy as np
 from jax import lax
 
 from cwsa_jax import _dense
+from cwsa_jax import _dispatch
 from cwsa_jax import _exact
 from cwsa_jax import _public
 from cwsa_jax import _sort
@@ -100,8 +101,10 @@ def _check_options(num_bins: Any, binning: str, norm: str | None = None) -> None
     raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
 
 
-def _prepare(confidences: Any, correct: Any, *, check_confidences: bool = True):
-  c, k, invalid = _validation.samples(confidences, correct, check_confidences=check_confidences)
+def _prepare(confidences: Any, correct: Any, *, check_confidences: bool = True,
+             kernels: _dispatch.Kernels = _dispatch.DEFAULT):
+  c, k, invalid = _validation.samples(confidences, correct, check_confidences=check_confidences,
+                                      kernels=kernels)
   if k.dtype != jnp.bool_ and _validation.is_concrete(k):
     v = np.asarray(k)
     if np.all((v == 0.0) | (v == 1.0)):
@@ -121,7 +124,8 @@ def _width_edges_numpy(num_bins: int) -> np.ndarray:
   return np.arange(num_bins + 1, dtype=np.float32) / np.float32(num_bins)
 
 
-def _edges(c: jax.Array, num_bins: int, binning: str) -> jax.Array:
+def _edges(c: jax.Array, num_bins: int, binning: str,
+           kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> jax.Array:
   if binning == "width":
     return jnp.asarray(_width_edges_numpy(num_bins))
   n = c.shape[0]
@@ -129,7 +133,7 @@ def _edges(c: jax.Array, num_bins: int, binning: str) -> jax.Array:
   positions = [-(-j * n // num_bins) for j in range(1, num_bins)]
   # Non-negative float32 order like their int32 bit patterns (below 2^30 for
   # c <= 1): integer order statistics by radix select (_sort), no sort.
-  interior = _sort.order_statistics(_sort.float_key(c), positions, key_bits=30)
+  interior = _sort.order_statistics(_sort.float_key(c), positions, key_bits=30, kernels=kernels)
   interior = lax.bitcast_convert_type(interior, jnp.float32)
   return jnp.concatenate([jnp.zeros((1,), jnp.float32), interior, jnp.ones((1,), jnp.float32)])
 
@@ -155,8 +159,8 @@ def width_edges(num_bins: int) -> jax.Array:
 
 
 def bin_sums(confidences: jax.Array, correct: jax.Array, edges: jax.Array,
-             mask: jax.Array | None = None, *,
-             drop_invalid: bool = False) -> tuple[jax.Array, jax.Array]:
+             mask: jax.Array | None = None, *, drop_invalid: bool = False,
+             kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> tuple[jax.Array, jax.Array]:
   """Exact per-bin sums: int32 ``(hi, lo)`` [B, _stats.CALIBRATION_COLUMNS].
 
   The one binning pipeline of :func:`ece`, :func:`calibration_bins` and
@@ -170,7 +174,7 @@ def bin_sums(confidences: jax.Array, correct: jax.Array, edges: jax.Array,
   ``_dense``'s kernel, the same integers), then brought to the canonical
   layout. ``mask`` False leaves a sample out, and so does ``drop_invalid`` a
   confidence NaN or outside [0, 1] (without, such a confidence is binned as
-  it compares).
+  it compares). ``kernels`` picks the forms.
   """
   num_bins = edges.shape[0] - 1
   graded = correct.dtype != jnp.bool_
@@ -185,14 +189,18 @@ def bin_sums(confidences: jax.Array, correct: jax.Array, edges: jax.Array,
     return ids, cols
 
   arrays = [confidences, correct] + ([] if mask is None else [mask])
-  scatter = lambda: _exact.segment_sums(columns_fn, arrays, num_segments,  # noqa: E731
-                                        chunk_size=_CHUNK_SIZE, counted=True)
-  if mask is None and confidences.ndim == 1 and _dense.applies(confidences, correct, num_bins):
-    per_bin = lambda: tuple(x.reshape(num_bins, -1) for x in scatter())  # noqa: E731
-    hi, lo = _dense.by_platform(per_bin, confidences, correct, edges[1:-1], unit=drop_invalid)
+  scatter = lambda *arrays: _exact.segment_sums(  # noqa: E731
+      columns_fn, arrays, num_segments, chunk_size=_CHUNK_SIZE, counted=True, kernels=kernels)
+  if (mask is None and confidences.ndim == 1
+      and _dense.applies(confidences, correct, num_bins, kernels=kernels)):
+    per_bin = lambda c, k, _: tuple(x.reshape(num_bins, -1) for x in scatter(c, k))  # noqa: E731
+    hi, lo = kernels.pick("dense", confidences, correct, edges[1:-1],
+                          cuda=functools.partial(_dense.bucket_sums, unit=drop_invalid,
+                                                 kernels=kernels),
+                          default=per_bin)
     hi, lo = hi.reshape(num_segments, -1), lo.reshape(num_segments, -1)
   else:
-    hi, lo = scatter()
+    hi, lo = scatter(*arrays)
   return _stats.calibration_canonical(hi, lo, graded)
 
 
@@ -255,25 +263,28 @@ def exact_count(hi: jax.Array, lo: jax.Array, top: jax.Array | None = None) -> j
   return jnp.where(fits, _exact.to_int(hi[..., 0] & ((1 << 19) - 1), lo[..., 0]), -1)
 
 
-@functools.partial(jax.jit, static_argnames=("num_bins", "binning", "drop_invalid"))
-def _bins_impl(c, k, *, num_bins, binning, drop_invalid):
+@functools.partial(jax.jit, static_argnames=("num_bins", "binning", "drop_invalid", "kernels"))
+def _bins_impl(c, k, *, num_bins, binning, drop_invalid, kernels):
   """(bins, samples binned) of one row."""
-  edges = _edges(c, num_bins, binning)
-  hi, lo = bin_sums(c, k, edges, drop_invalid=drop_invalid)
+  edges = _edges(c, num_bins, binning, kernels)
+  hi, lo = bin_sums(c, k, edges, drop_invalid=drop_invalid, kernels=kernels)
   count = exact_count(hi, lo)
   return bins_from_totals(edges, count, bin_totals(c, k, edges, hi, lo)), jnp.sum(count)
 
 
-@functools.partial(jax.jit, static_argnames=("num_bins", "norm", "binning", "drop_invalid"))
-def _ece_impl(c, k, *, num_bins, norm, binning, drop_invalid):
+@functools.partial(jax.jit,
+                   static_argnames=("num_bins", "norm", "binning", "drop_invalid", "kernels"))
+def _ece_impl(c, k, *, num_bins, norm, binning, drop_invalid, kernels):
   """(calibration error, samples binned) of one row."""
-  edges = _edges(c, num_bins, binning)
-  hi, lo = bin_sums(c, k, edges, drop_invalid=drop_invalid)
+  edges = _edges(c, num_bins, binning, kernels)
+  hi, lo = bin_sums(c, k, edges, drop_invalid=drop_invalid, kernels=kernels)
   return error_from_totals(bin_totals(c, k, edges, hi, lo), norm), jnp.sum(exact_count(hi, lo))
 
 
-def _checked_run(impl, confidences: Any, correct: Any, **options):
-  """``impl`` (:func:`_bins_impl` or :func:`_ece_impl`) over the batch axes, inputs checked.
+def _checked_run(impl, confidences: Any, correct: Any, *,
+                 kernels: _dispatch.Kernels = _dispatch.DEFAULT, **options):
+  """``impl`` (:func:`_bins_impl` or :func:`_ece_impl`) over the batch axes, inputs checked,
+  with these ``kernels`` (the internal entry point of :func:`ece` and :func:`calibration_bins`).
 
   Concrete confidences on an accelerator are checked by the count of samples
   binned rather than by a pass of their own before the bins
@@ -281,12 +292,12 @@ def _checked_run(impl, confidences: Any, correct: Any, **options):
   or outside [0, 1], and a row that lost any raises the error a check
   beforehand gives.
   """
-  deferred = _validation.deferred_to_kernel(confidences)
-  c, k, invalid = _prepare(confidences, correct, check_confidences=not deferred)
-  fn = functools.partial(impl, drop_invalid=deferred, **options)
+  deferred = _validation.deferred_to_kernel(confidences, kernels=kernels)
+  c, k, invalid = _prepare(confidences, correct, check_confidences=not deferred, kernels=kernels)
+  fn = functools.partial(impl, drop_invalid=deferred, kernels=kernels, **options)
   out, binned = _batched(fn, c.ndim)(c, k)
   if deferred:
-    _validation.raise_if_left_out(np.asarray(binned) != c.shape[-1], c)
+    _validation.raise_if_left_out(np.asarray(binned) != c.shape[-1], c, kernels=kernels)
   return _validation.poison(out, rows=invalid)
 
 
@@ -318,8 +329,16 @@ def calibration_bins(confidences: Any, correct: Any, *, num_bins: int = 15,
     >>> print(b.count.tolist(), [round(float(x), 3) for x in b.mean_confidence])
     [2, 2] [0.3, 0.75]
   """
+  return _calibration_bins(confidences, correct, num_bins=num_bins, binning=binning)
+
+
+def _calibration_bins(confidences: Any, correct: Any, *, num_bins: int = 15,
+                      binning: str = "width",
+                      kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> CalibrationBins:
+  """:func:`calibration_bins` with these ``kernels`` (the internal entry point)."""
   _check_options(num_bins, binning)
-  return _checked_run(_bins_impl, confidences, correct, num_bins=int(num_bins), binning=binning)
+  return _checked_run(_bins_impl, confidences, correct, kernels=kernels, num_bins=int(num_bins),
+                      binning=binning)
 
 
 @_public.entry
@@ -358,6 +377,12 @@ def ece(confidences: Any, correct: Any, *, num_bins: int = 15, norm: str = "l1",
     binning", AAAI 2015; Guo et al., "On calibration of modern neural
     networks", ICML 2017.
   """
+  return _ece(confidences, correct, num_bins=num_bins, norm=norm, binning=binning)
+
+
+def _ece(confidences: Any, correct: Any, *, num_bins: int = 15, norm: str = "l1",
+         binning: str = "width", kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> jax.Array:
+  """:func:`ece` with these ``kernels`` (the internal entry point)."""
   _check_options(num_bins, binning, norm)
-  return _checked_run(_ece_impl, confidences, correct, num_bins=int(num_bins), norm=norm,
-                      binning=binning)
+  return _checked_run(_ece_impl, confidences, correct, kernels=kernels, num_bins=int(num_bins),
+                      norm=norm, binning=binning)

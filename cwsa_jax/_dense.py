@@ -18,7 +18,8 @@ samples with exactly ``b`` rows above ``r_0`` at or below ``c``) is then
 layout of ``_stats.segment_columns``: bit for bit the sums of the scatter
 path, so results and states do not depend on the backend.
 
-Two ways to form G (:data:`FORMS`, picked per mask height by :data:`LAUNCH`):
+Two ways to form G (:data:`FORMS`, picked per mask height by the launch table of
+``_dispatch.Kernels``, :data:`~cwsa_jax._dispatch.DENSE_LAUNCH` by default):
 
 * no product ("lanes", "unrolled"): each thread keeps float32 accumulators
   per row and column for every sample slot it holds and adds the mask times
@@ -42,7 +43,7 @@ once; rows of samples (leading axes, ``vmap``) are one launch. They are used
 for binary correctness, at most :data:`MAX_BUCKETS` buckets and no mask,
 groups or given buckets; everything else, and every other backend, keeps the
 scatter path. Tests run them on the CPU through Pallas' interpreter
-(:data:`INTERPRET`).
+(``Kernels(platform="cuda", interpret=True)``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
+from cwsa_jax import _dispatch
 from cwsa_jax import _exact
 from cwsa_jax import _mesh
 
@@ -65,19 +67,17 @@ _WIDTH = 16
 _USED = 10
 # Most samples per program: its sums stay below 192 * 2^16 < 2^24, exact in float32.
 _PER_PROGRAM = 1 << 16
-# The tests set this to run the kernel through Pallas' interpreter on the CPU.
-INTERPRET = False
-# Off: every platform keeps the scatter path (a benchmark's A/B switch).
-ENABLED = True
 
 
-def applies(confidences: jax.Array, correct: jax.Array, num_buckets: int) -> bool:
-  """Whether :func:`bucket_sums` handles these samples (static shapes, dtypes and mesh axes).
+def applies(confidences: jax.Array, correct: jax.Array, num_buckets: int, *,
+            kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> bool:
+  """Whether :func:`bucket_sums` handles these samples (static shapes, dtypes and mesh axes;
+  and ``kernels.dense``).
 
   Samples that vary over the mesh axes of an enclosing ``shard_map`` keep the
   scatter path: the kernel has not been run on a GPU there.
   """
-  return (ENABLED and correct.dtype == jnp.bool_ and confidences.shape[-1] >= 1
+  return (kernels.dense and correct.dtype == jnp.bool_ and confidences.shape[-1] >= 1
           and 2 <= num_buckets <= MAX_BUCKETS and not _mesh.manual_axes(confidences))
 
 
@@ -92,12 +92,6 @@ _MASKS = (1, 127, 63, 63, 63) * 2 + (0,) * (_WIDTH - _USED)
 FORMS = ("bits", "lanes", "unrolled")
 _LANES_FORMS = ("lanes", "unrolled")
 LANES_MAX_ROWS = 32
-# The launch per mask height R (16, 32 or 64 rows): (form, samples per step, warps, software
-# pipeline stages), the fastest exact launch benchmarks/gpu_choices.py found on the latest GPU
-# it ran on.
-LAUNCH = {16: ("unrolled", 256, 4, 2), 32: ("unrolled", 512, 4, 2), 64: ("bits", 256, 4, 2)}
-# Overrides LAUNCH's form when set (the tests run every form).
-FORM = None
 
 
 def _step(c_ref, k_ref, i, *, first, n, block, unit, bounded=True):
@@ -253,7 +247,8 @@ _TARGET_PROGRAMS = 1024
 def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, unit: bool,
              block: int | None = None, per_program: int | None = None,
              num_warps: int | None = None, num_stages: int | None = None,
-             form: str | None = None, live: int | None = None) -> jax.Array:
+             form: str | None = None, live: int | None = None,
+             kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> jax.Array:
   """int32 [S, programs, R, 16]: per program, the sums ``G`` of each row over its samples.
 
   ``confidences`` and ``correct`` are [S, n] (S rows of samples, each summed
@@ -262,15 +257,16 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, uni
   whose confidence is NaN or outside [0, 1] are left out; without (the
   calibration bins) every ``c`` is compared as it is.
   ``form``, ``block`` (samples per step), ``num_warps`` and ``num_stages``
-  default to :data:`LAUNCH`'s for R;
+  default to ``kernels.launch(R)``'s;
   ``per_program`` samples per program (a power of two <= 2^16; default: at
   most 2^16 and enough programs to fill a large GPU). Rows from ``live`` on
   (default R) must be ``+inf``: "unrolled" leaves them out of its loop.
+  ``kernels.interpret`` runs the kernel through Pallas' interpreter.
   """
   from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU module, on use)
   num_samples, n = confidences.shape
   num_rows = rows.shape[0]
-  launch = LAUNCH[num_rows]
+  launch = kernels.launch(num_rows)
   block = block or launch[1]
   if per_program is None:
     wanted = -(-_TARGET_PROGRAMS // num_samples)
@@ -280,7 +276,9 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, uni
   block = min(block, per_program)
   steps = per_program // block
   num_programs = pl.cdiv(n, per_program)
-  form = form or FORM or launch[0]
+  form = form or launch[0]
+  if form not in FORMS:
+    raise ValueError(f"form must be one of {FORMS}, got {form!r}")
   live = num_rows if live is None else live
   # Rows per program: all of them, but for "unrolled" at most LANES_MAX_ROWS: more live rows
   # are shared evenly by more programs over the same samples (which then come from the
@@ -318,7 +316,7 @@ def row_sums(confidences: jax.Array, correct: jax.Array, rows: jax.Array, *, uni
       out_specs=pl.BlockSpec((None, None, group, _WIDTH), lambda s, p, g: (s, p, g, 0)),
       compiler_params=plgpu.CompilerParams(num_warps=num_warps,
                                            num_stages=num_stages or launch[3]),
-      interpret=INTERPRET,
+      interpret=kernels.interpret,
       name="cwsa_dense_row_sums",
   )(rows, confidences.astype(jnp.float32), correct)
   if form == "bits":  # every column holds 128 per sample on top of its digits
@@ -349,12 +347,14 @@ def _bucket_table(sums: jax.Array, num_buckets: int) -> tuple[jax.Array, jax.Arr
 
 
 def bucket_sums(confidences: jax.Array, correct: jax.Array, sorted_rows: jax.Array, *,
-                unit: bool, **options) -> tuple[jax.Array, jax.Array]:
+                unit: bool, kernels: _dispatch.Kernels = _dispatch.DEFAULT,
+                **options) -> tuple[jax.Array, jax.Array]:
   """Exact per-bucket ``(hi, lo)`` [..., T + 1, 6] of binary samples [..., n], bucket = #rows <= c.
 
   The sums of ``_stats.segment_columns`` with segment ``2 bucket + correct``,
   bit for bit, for ``sorted_rows`` [T] ascending (T + 1 <= :data:`MAX_BUCKETS`);
-  leading axes are rows of samples, each summed on its own.
+  leading axes are rows of samples, each summed on its own. ``options`` go to
+  :func:`row_sums` (its launch), ``kernels`` too.
   """
   lead, n = confidences.shape[:-1], confidences.shape[-1]
   num_buckets = sorted_rows.shape[0] + 1
@@ -364,18 +364,7 @@ def bucket_sums(confidences: jax.Array, correct: jax.Array, sorted_rows: jax.Arr
   # Integer sums carry no derivative (callers define it); no tangent reaches the kernel.
   confidences = lax.stop_gradient(confidences)
   sums = row_sums(confidences.reshape(-1, n), correct.reshape(-1, n), rows, unit=unit,
-                  live=num_buckets, **options)
+                  live=num_buckets, kernels=kernels, **options)
   hi, lo = _bucket_table(sums, num_buckets)
   return hi.reshape(lead + hi.shape[1:]), lo.reshape(lead + lo.shape[1:])
 
-
-def by_platform(fallback, confidences: jax.Array, correct: jax.Array, sorted_rows: jax.Array,
-                *, unit: bool) -> tuple[jax.Array, jax.Array]:
-  """:func:`bucket_sums` on CUDA GPUs, ``fallback()`` (the scatter path) elsewhere."""
-  return _by_platform(confidences, correct, sorted_rows,
-                      cuda=functools.partial(bucket_sums, unit=unit),
-                      default=lambda *args: fallback())
-
-
-# Picks the form when the computation is lowered (tests call the CUDA form on the CPU).
-_by_platform = lax.platform_dependent

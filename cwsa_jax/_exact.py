@@ -20,7 +20,8 @@ summed as int32 in chunks of at most 2^18 samples (so a chunk sum stays below
 2^30; a chunk's buffers stay in the cache) and carried between chunks as a
 (high, low) pair of int32 with base 2^12 (on CPU a loop over the chunks, where
 the count column can ride in the low bits of another, :func:`_counted_column_sums`;
-on accelerators every chunk at once, each into a table of its own). Every sum is
+on accelerators every chunk at once, each into a table of its own; ``_dispatch.Kernels``
+picks the form). Every sum is
 therefore an exact integer until the last step, where it is converted to
 float32 once (relative error <= 2^-23).
 
@@ -42,16 +43,16 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
+from cwsa_jax import _dispatch
 from cwsa_jax import _mesh
 from cwsa_jax import _sort
 
 _DIGIT_BASE = 256.0
 _CARRY_BITS = 12
 _CARRY_MASK = (1 << _CARRY_BITS) - 1
-# At most 2^18 samples per chunk: 4096 * CHUNK_SIZE < 2^31, and a chunk's
-# columns stay in the cache. Chunks are balanced and a multiple of
-# CHUNK_ALIGN long: on CPU, loops over odd-sized slices run several times slower.
-CHUNK_SIZE = 1 << 18
+# The default chunk (``_dispatch.CHUNK_SIZE``, 2^18 samples). Chunks are balanced and a
+# multiple of CHUNK_ALIGN long: on CPU, loops over odd-sized slices run several times slower.
+CHUNK_SIZE = _dispatch.CHUNK_SIZE
 CHUNK_ALIGN = 64
 
 
@@ -198,10 +199,11 @@ def segment_sums(
     arrays: Sequence[jax.Array],
     num_segments: int,
     *,
-    chunk_size: int = CHUNK_SIZE,
+    chunk_size: int | None = None,
     with_offset: bool = False,
     segments_per_entry: int | None = None,
     counted: bool = False,
+    kernels: _dispatch.Kernels = _dispatch.DEFAULT,
 ) -> tuple[jax.Array, jax.Array]:
   """Exact per-segment sums of small non-negative integer columns.
 
@@ -215,7 +217,8 @@ def segment_sums(
       samples: [n, m] arrays are chunked by rows).
     num_segments: static number of segments.
     chunk_size: most entries of the leading axis per chunk; 4096 times the
-      values per chunk (chunk_size * m) must stay below 2^31.
+      values per chunk (chunk_size * m) must stay below 2^31 (default:
+      ``kernels.chunk_size``).
     with_offset: also pass ``columns_fn`` the index in ``arrays`` of the
       chunk's first entry (int32 scalar), as a last argument.
     segments_per_entry: entry ``i`` of the leading axis owns the segments
@@ -227,12 +230,15 @@ def segment_sums(
       entries are at most 4095: on CPU, the count then rides in the last
       column (:func:`_counted_column_sums`, one scatter-add fewer), except
       for rows with ``segments_per_entry``.
+    kernels: picks the CPU form (a loop over the chunks) or the accelerators'
+      (every chunk at once).
 
   Returns:
     ``(hi, lo)``, int32 arrays [num_segments, K] with the exact sums
     ``hi * 4096 + lo`` (``0 <= lo < 4096``).
   """
   n = arrays[0].shape[0]
+  chunk_size = kernels.chunk_size if chunk_size is None else chunk_size
   num_chunks, size = chunking(n, chunk_size)
   offset = (jnp.zeros((), jnp.int32),) if with_offset else ()
   # Rows that own their segments (a vmapped sweep) keep every scatter: packing them
@@ -242,8 +248,9 @@ def segment_sums(
     ids, cols = columns_fn(*arrays, *offset)
     if not (counted and packs(ids, num_segments, cols.shape[0])):
       return split(_column_sums(cols, ids, num_segments))
-    return split(_by_platform(
-        cols, ids, cpu=functools.partial(_counted_column_sums, num_segments=num_segments),
+    return split(kernels.pick(
+        "exact", cols, ids,
+        cpu=functools.partial(_counted_column_sums, num_segments=num_segments),
         default=functools.partial(_column_sums, num_segments=num_segments)))
   options = dict(num_segments=num_segments, with_offset=with_offset,
                  segments_per_entry=segments_per_entry)
@@ -251,8 +258,8 @@ def segment_sums(
     at_once = chunking(n, _accelerator_chunk(n, num_segments, chunk_size))
   else:  # each chunk's entries own their segments already
     at_once = num_chunks, size
-  return _by_platform(
-      *arrays,
+  return kernels.pick(
+      "exact", *arrays,
       cpu=functools.partial(_chunk_loop, columns_fn, num_chunks=num_chunks, size=size,
                             counted=counted, **options),
       default=functools.partial(_chunks_at_once, columns_fn, num_chunks=at_once[0],
@@ -270,9 +277,6 @@ def _accelerator_chunk(n: int, num_segments: int, chunk_size: int) -> int:
   target = -(-n * (num_segments + 1) // _ACCELERATOR_TABLE_SEGMENTS)
   return min(chunk_size, 1 << max(10, (target - 1).bit_length()))
 
-
-# Picks the form when the computation is lowered (tests call the accelerator form on the CPU).
-_by_platform = jax.lax.platform_dependent
 
 
 def _chunk_loop(columns_fn, *arrays, num_segments, num_chunks, size, with_offset,

@@ -30,7 +30,7 @@ sorted keys, fused with the sort's output) is read by one kernel, in tiles of
 
 Integers are exact; each tile sums its terms in float32 and XLA sums the tiles
 (the parallel path's values to float32 rounding). Tests run the kernel on the
-CPU through Pallas' interpreter (:data:`INTERPRET`).
+CPU through Pallas' interpreter (``Kernels(interpret=True)``).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from cwsa_jax import _dense
+from cwsa_jax import _dispatch
 from cwsa_jax import _mesh
 
 # Samples per tile: _ROWS rows of 32 (one int32 of bits per row).
@@ -51,9 +52,10 @@ _ROWS = 64
 TILE = _ROWS * _COLUMNS
 _NUM_WARPS = 4
 CONVENTIONS = ("step", "trapezoid")
-# The tests set this to run the kernel through Pallas' interpreter on the CPU.
+# Read only where no ``Kernels`` arrives: ``_risk_coverage`` does not pass one yet, and its
+# tests and benchmarks still set these (interpret; the kernel offered at all). They go once it
+# does; everything else passes ``kernels``.
 INTERPRET = False
-# Off: every platform keeps the XLA scans (a benchmark's A/B switch).
 ENABLED = True
 
 # Bits of a sample's byte: its error (bit 0), and whether it starts (bit 1) or ends (bit 2)
@@ -61,14 +63,16 @@ ENABLED = True
 _START_SHIFT, _END_SHIFT = 1, 2
 
 
-def applies(confidences: jax.Array, correct: jax.Array, convention: str) -> bool:
-  """Whether the CUDA form takes these samples (static: dtype, length, convention, mesh axes).
+def applies(confidences: jax.Array, correct: jax.Array, convention: str, *,
+            kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> bool:
+  """Whether the CUDA form takes these samples (static: dtype, length, convention, mesh axes;
+  and ``kernels.group_areas``).
 
   Samples that vary over the mesh axes of an enclosing ``shard_map`` keep the
   scans, as in ``_dense``: the kernel has not been run on a GPU there.
   """
-  return (ENABLED and correct.dtype == jnp.bool_ and confidences.shape[-1] >= 1
-          and convention in CONVENTIONS and not _mesh.manual_axes(confidences))
+  return (kernels.group_areas and ENABLED and correct.dtype == jnp.bool_
+          and confidences.shape[-1] >= 1 and convention in CONVENTIONS and not _mesh.manual_axes(confidences))
 
 
 def flags(keys: jax.Array, errors: jax.Array, n: int) -> jax.Array:
@@ -172,8 +176,10 @@ def _carries(byte: jax.Array) -> jax.Array:
   return jnp.stack([errors_in, start_in, before_in, jnp.zeros_like(errors)], axis=1)
 
 
-def area_sums(byte: jax.Array, *, convention: str) -> tuple[jax.Array, jax.Array]:
-  """(n AURC, n^2 AUGRC), float32, of :func:`flags`' bytes, ``convention`` "step" or "trapezoid"."""
+def area_sums(byte: jax.Array, *, convention: str,
+              kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> tuple[jax.Array, jax.Array]:
+  """(n AURC, n^2 AUGRC), float32, of :func:`flags`' bytes, ``convention`` "step" or "trapezoid"
+  (``kernels.interpret``: through Pallas' interpreter)."""
   from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU module, on use)
   if convention not in CONVENTIONS:
     raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
@@ -186,7 +192,7 @@ def area_sums(byte: jax.Array, *, convention: str) -> tuple[jax.Array, jax.Array
                 pl.BlockSpec((None, 4), lambda t: (t, 0))],
       out_specs=(pl.BlockSpec((1,), lambda t: (t,)),) * 2,
       compiler_params=plgpu.CompilerParams(num_warps=_NUM_WARPS, num_stages=2),
-      interpret=INTERPRET,
+      interpret=kernels.interpret or INTERPRET,
       name="cwsa_group_areas",
   )(byte.reshape(-1, _COLUMNS), _carries(byte))
   return jnp.sum(aurc_parts), jnp.sum(augrc_parts)

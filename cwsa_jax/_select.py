@@ -9,9 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cwsa_jax import _dispatch
 from cwsa_jax import _public
+from cwsa_jax import _sweep
 from cwsa_jax import _validation
-from cwsa_jax._sweep import SCORE_FIELDS, default_thresholds, sweep
+from cwsa_jax._sweep import SCORE_FIELDS, default_thresholds
 
 METRICS = SCORE_FIELDS
 SLACK = 1e-6  # tolerance of the constraints for float32 rounding of coverage and risk
@@ -98,6 +100,14 @@ def select_threshold(confidences, correct, *, metric: str = "cwsa", min_coverage
     >>> print(round(choice.threshold, 4), round(choice.coverage, 4))
     0.6 0.8333
   """
+  return _select_threshold(confidences, correct, metric=metric, min_coverage=min_coverage,
+                           max_risk=max_risk, thresholds=thresholds)
+
+
+def _select_threshold(confidences, correct, *, metric: str = "cwsa", min_coverage=None,
+                      max_risk=None, thresholds=None,
+                      kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> ThresholdChoice:
+  """:func:`select_threshold` with these ``kernels`` (the internal entry point)."""
   if metric not in METRICS:
     raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
   if not _validation.is_concrete(confidences, correct, thresholds, min_coverage, max_risk):
@@ -110,7 +120,8 @@ def select_threshold(confidences, correct, *, metric: str = "cwsa", min_coverage
     raise ValueError(f"confidences must be 1-D [n], got shape {confidences.shape}")
   if thresholds is None:
     thresholds = _default_grid()
-  result = jax.device_get(sweep(confidences, correct, thresholds))  # one transfer
+  # one transfer
+  result = jax.device_get(_sweep._sweep(confidences, correct, thresholds, kernels=kernels))
   return select_from_sweep(result, metric=metric, min_coverage=min_coverage, max_risk=max_risk)
 
 

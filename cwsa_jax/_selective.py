@@ -44,6 +44,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from cwsa_jax import _dispatch
 from cwsa_jax import _exact
 from cwsa_jax import _public
 from cwsa_jax import _stats
@@ -51,12 +52,12 @@ from cwsa_jax import _sweep
 from cwsa_jax import _validation
 
 
-def _retained_exact(confidences, correct, tau):
+def _retained_exact(confidences, correct, tau, *, kernels: _dispatch.Kernels):
   """Exact :class:`~cwsa_jax._stats.Sums` [1] of the retained set {c >= tau}.
 
   The sweep's pipeline with the single threshold tau: bucket 1 is the retained set.
   """
-  hi, lo = _sweep.bucket_sums(confidences, correct, tau[None])
+  hi, lo = _sweep.bucket_sums(confidences, correct, tau[None], kernels=kernels)
   return _stats.sums_from_columns(_exact.to_float(hi[1:], lo[1:]), correct.dtype != jnp.bool_)
 
 
@@ -65,33 +66,44 @@ def _retained_segments(confidences, correct, tau):
   return (confidences >= tau).astype(jnp.int32), (2,), 1
 
 
-@functools.partial(jax.jit, static_argnames=("normalize",))
-def _metrics_1d(confidences, correct, tau, normalize="retained"):
+@functools.partial(jax.jit, static_argnames=("normalize", "kernels"))
+def _metrics_1d(confidences, correct, tau, normalize="retained", kernels=_dispatch.DEFAULT):
   n = confidences.shape[0]
   # Exact sums; their derivative in c (and kappa) is the float sum over S (see _stats).
-  sums = _stats.exact_sums(_retained_exact, _retained_segments, confidences, correct, tau)
+  sums = _stats.exact_sums(_retained_exact_with(kernels), _retained_segments, confidences,
+                           correct, tau)
   metrics = _stats.metrics_from_sums(sums, tau, n)
   return _stats.renormalize(_stats.Metrics(*(m[0] for m in metrics)), normalize)
 
 
-def _metrics(confidences, correct, tau, normalize: str = "retained") -> _stats.Metrics:
+@functools.lru_cache(maxsize=None)
+def _retained_exact_with(kernels: _dispatch.Kernels):
+  """:func:`_retained_exact` with these kernels: one function per configuration (a static
+  argument of ``exact_sums``)."""
+  return functools.partial(_retained_exact, kernels=kernels)
+
+
+def _metrics(confidences, correct, tau, normalize: str = "retained", *,
+             kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> _stats.Metrics:
+  """The metrics at one threshold with these ``kernels`` (the internal entry point)."""
   _stats.check_normalize(normalize)
   if not _validation.is_concrete(confidences, correct):
-    return _metrics_traced(confidences, correct, tau, normalize=normalize)
-  return _checked_metrics(confidences, correct, tau, normalize=normalize)
+    return _metrics_traced(confidences, correct, tau, normalize=normalize, kernels=kernels)
+  return _checked_metrics(confidences, correct, tau, normalize=normalize, kernels=kernels)
 
 
-def _checked_metrics(confidences, correct, tau, *, normalize: str) -> _stats.Metrics:
+def _checked_metrics(confidences, correct, tau, *, normalize: str,
+                     kernels: _dispatch.Kernels) -> _stats.Metrics:
   confidences, correct, tau, rows, tau_flag = _validation.prepare_at_threshold(
-      confidences, correct, tau, hint="; use sweep() for many thresholds")
-  fn = functools.partial(_metrics_1d, normalize=normalize)
+      confidences, correct, tau, hint="; use sweep() for many thresholds", kernels=kernels)
+  fn = functools.partial(_metrics_1d, normalize=normalize, kernels=kernels)
   for _ in range(confidences.ndim - 1):
     fn = jax.vmap(fn, in_axes=(0, 0, None))
   return _validation.poison(fn(confidences, correct, tau), rows=rows, items=tau_flag)
 
 
 # Traced samples: the value checks become flags, compiled with the kernel (see sweep).
-_metrics_traced = jax.jit(_checked_metrics, static_argnames=("normalize",))
+_metrics_traced = jax.jit(_checked_metrics, static_argnames=("normalize", "kernels"))
 
 
 @_public.entry

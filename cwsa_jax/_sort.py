@@ -5,11 +5,11 @@ NumPy's ``np.sort``. So on the CPU backend the sorts here run NumPy on the
 host (``_host_*``: through ``jax.experimental.buffer_callback``, which hands
 NumPy XLA's own buffers to sort in place, or :func:`jax.pure_callback` on
 older JAX, which copies them), and everywhere else they are plain
-``lax.sort`` (``_device_*``); :func:`jax.lax.platform_dependent` picks the
-branch when the computation is lowered, so a GPU program never contains the
-callback. Both branches return identical values (integer keys sort exactly;
-ties are broken as documented per function), so results do not depend on the
-backend. The callbacks are pure, and batched with
+``lax.sort`` (``_device_*``); ``_dispatch.Kernels.pick`` (by default
+:func:`jax.lax.platform_dependent`) picks the branch when the computation is
+lowered, so a GPU program never contains the callback. Both branches return
+identical values (integer keys sort exactly; ties are broken as documented per
+function), so results do not depend on the backend. The callbacks are pure, and batched with
 ``vmap_method="expand_dims"`` (NumPy sorts along the last axis), so the
 functions stay ``jit``- and ``vmap``-able. They have no derivative (integer
 keys); callers sort integer keys derived from the data and gather
@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from cwsa_jax import _dispatch
 from cwsa_jax import _mesh
 
 try:  # in-place host callbacks (newer JAX): no copies of the data in or out
@@ -83,10 +84,10 @@ def _host(fill, result_shapes, *args, aliases=None):
       jax.pure_callback(function, result_shapes, *args, vmap_method="expand_dims"), args)
 
 
-def _per_backend(host, device, *args, **static):
+def _per_backend(host, device, *args, kernels: _dispatch.Kernels, **static):
   """``host(*args, **static)`` when lowered for CPU, ``device(*args, **static)`` otherwise."""
-  return lax.platform_dependent(*args, cpu=functools.partial(host, **static),
-                                default=functools.partial(device, **static))
+  return kernels.pick("sort", *args, cpu=functools.partial(host, **static),
+                      default=functools.partial(device, **static))
 
 
 def _padded(x: jax.Array, length: int | None, fill) -> jax.Array:
@@ -115,14 +116,15 @@ def _device_sort(keys, length, fill):
   return _padded(lax.sort(keys), length, fill)
 
 
-def sort(keys: jax.Array, *, length: int | None = None, fill: int = 0) -> jax.Array:
+def sort(keys: jax.Array, *, length: int | None = None, fill: int = 0,
+         kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> jax.Array:
   """Ascending sort of integer ``keys`` [n] (``np.sort`` on CPU, ``lax.sort`` elsewhere).
 
   With ``length`` (static, >= n) the result is [length]: the sorted keys,
   then ``fill``.
   """
   length = keys.shape[-1] if length is None else length
-  return _per_backend(_host_sort, _device_sort, keys, length=length, fill=fill)
+  return _per_backend(_host_sort, _device_sort, keys, length=length, fill=fill, kernels=kernels)
 
 
 def cpuinfo_fields(cpuinfo: str) -> dict[str, str]:
@@ -213,9 +215,13 @@ def _unsigned_key(high: jax.Array) -> jax.Array:
   return lax.bitcast_convert_type(high ^ jnp.uint32(0x80000000), jnp.int32)
 
 
-def _host_sort_with_order(keys, length, fill):
+def _stable_by_radix(kernels: _dispatch.Kernels) -> bool:
+  return _RADIX_ORDER if kernels.stable_by_radix is None else kernels.stable_by_radix
+
+
+def _host_sort_with_order(keys, length, fill, *, radix: bool):
   n = keys.shape[-1]
-  if not _RADIX_ORDER:
+  if not radix:
     high, position = _sorted_words(keys, lax.iota(jnp.uint32, n))
     return (_padded(_unsigned_key(high), length, fill),
             _padded(lax.bitcast_convert_type(position, jnp.int32), length, n))
@@ -236,8 +242,8 @@ def _device_sort_with_order(keys, length, fill):
   return _padded(keys, length, fill), _padded(order, length, n)
 
 
-def sort_with_order(keys: jax.Array, *, length: int | None = None,
-                    fill: int = 0) -> tuple[jax.Array, jax.Array]:
+def sort_with_order(keys: jax.Array, *, length: int | None = None, fill: int = 0,
+                    kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> tuple[jax.Array, jax.Array]:
   """Stable ascending sort of int32 ``keys`` [n]: the sorted keys and the input position of each.
 
   Tied keys keep their input order. With ``length`` (static, >= n) both are
@@ -248,12 +254,13 @@ def sort_with_order(keys: jax.Array, *, length: int | None = None,
   if keys.dtype != jnp.int32:
     raise TypeError(f"sort_with_order needs int32 keys, got {keys.dtype}")
   length = keys.shape[-1] if length is None else length
-  return _per_backend(_host_sort_with_order, _device_sort_with_order, keys, length=length,
-                      fill=fill)
+  host = functools.partial(_host_sort_with_order, radix=_stable_by_radix(kernels))
+  return _per_backend(host, _device_sort_with_order, keys, length=length, fill=fill,
+                      kernels=kernels)
 
 
-def _host_stable_flag_counts(keys, flags):
-  if not _RADIX_ORDER:  # each flag rides in the low bit, below the position
+def _host_stable_flag_counts(keys, flags, *, radix: bool):
+  if not radix:  # each flag rides in the low bit, below the position
     low = (lax.iota(jnp.uint32, keys.shape[-1]) << 1) | flags.astype(jnp.uint32)
     _, low = _sorted_words(keys, low)
     return _sequential_cumsum(lax.bitcast_convert_type(low & 1, jnp.int32), axis=-1)
@@ -278,7 +285,8 @@ def _device_stable_flag_counts(keys, flags):
   return _device_cumsum(lax.sort((keys, flags), num_keys=1, is_stable=True)[1], axis=-1)
 
 
-def stable_flag_counts(keys: jax.Array, flags: jax.Array) -> jax.Array:
+def stable_flag_counts(keys: jax.Array, flags: jax.Array, *,
+                       kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> jax.Array:
   """Running count of the 0/1 int32 ``flags`` [n] in the stable ascending order of int32 ``keys``.
 
   Entry j is the number of flags among the first j + 1 samples when sorted by
@@ -286,7 +294,8 @@ def stable_flag_counts(keys: jax.Array, flags: jax.Array) -> jax.Array:
   """
   if keys.dtype != jnp.int32 or flags.dtype != jnp.int32:
     raise TypeError(f"stable_flag_counts needs int32 keys and flags, got {keys.dtype}, {flags.dtype}")
-  return _per_backend(_host_stable_flag_counts, _device_stable_flag_counts, keys, flags)
+  host = functools.partial(_host_stable_flag_counts, radix=_stable_by_radix(kernels))
+  return _per_backend(host, _device_stable_flag_counts, keys, flags, kernels=kernels)
 
 
 def _sequential_cumsum(x: jax.Array, axis: int) -> jax.Array:
@@ -302,14 +311,15 @@ def _device_cumsum(x: jax.Array, axis: int) -> jax.Array:
   return lax.associative_scan(jnp.add, x, axis=axis)  # float: tree-shaped, error O(log n)
 
 
-def cumsum(x: jax.Array, axis: int = 0) -> jax.Array:
+def cumsum(x: jax.Array, axis: int = 0, *,
+           kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> jax.Array:
   """Inclusive prefix sums along ``axis``: a sequential loop on CPU, a parallel scan elsewhere.
 
   XLA:CPU runs ``lax.associative_scan`` and ``jnp.cumsum`` several times
   slower than one sequential pass (and compiles them much more slowly); on
   GPUs a sequential loop would launch a kernel per element.
   """
-  return _per_backend(_sequential_cumsum, _device_cumsum, x, axis=axis)
+  return _per_backend(_sequential_cumsum, _device_cumsum, x, axis=axis, kernels=kernels)
 
 
 def clip_unit(x: jax.Array) -> jax.Array:
@@ -326,12 +336,8 @@ def float_key(x: jax.Array) -> jax.Array:
   return lax.bitcast_convert_type(clip_unit(x), jnp.int32)
 
 
-# CUDA GPUs: order statistics by one lax.sort (True) or the radix select (False; an A/B
-# switch for benchmarks/gpu_choices.py).
-SELECT_BY_SORT_ON_GPU = True
-
-
-def order_statistics(keys: jax.Array, positions: Sequence[int], *, key_bits: int = 31) -> jax.Array:
+def order_statistics(keys: jax.Array, positions: Sequence[int], *, key_bits: int = 31,
+                     kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> jax.Array:
   """The sorted ``keys`` [n] at the static ``positions`` (clamped to n - 1).
 
   A two-level radix select, pure XLA (faster than ``np.partition`` on CPU):
@@ -340,40 +346,40 @@ def order_statistics(keys: jax.Array, positions: Sequence[int], *, key_bits: int
   over the keys of those buckets only, finds the exact key. Two scatter-add
   passes over the data and prefix sums over the histograms. On CUDA GPUs,
   where those scatter-adds contend and ``lax.sort`` is fast, one sort and a
-  gather instead (:data:`SELECT_BY_SORT_ON_GPU`); the values are the same.
+  gather instead (unless ``kernels.select_by_sort`` is False); the values are the same.
 
   Args:
     keys: [n] int32 keys in [0, 2^key_bits).
     positions: static 0-based ranks, ascending.
     key_bits: static bound on the keys' bits (at most 31).
+    kernels: picks the CUDA form or the radix select.
   """
   n = keys.shape[-1]
   positions = np.minimum(np.asarray(positions, np.int64), n - 1)
   if positions.shape[0] == 0:
     return jnp.zeros((0,), keys.dtype)
-  select = functools.partial(_radix_select, positions=positions, key_bits=key_bits)
-  if not SELECT_BY_SORT_ON_GPU:
+  select = functools.partial(_radix_select, positions=positions, key_bits=key_bits,
+                             kernels=kernels)
+  if not kernels.select_by_sort:
     return select(keys)
-  return _select_by_platform(keys, cuda=functools.partial(_sorted_at, positions=positions),
-                             default=select)
+  return kernels.pick("select", keys, cuda=functools.partial(_sorted_at, positions=positions),
+                      default=select)
 
 
 def _sorted_at(keys: jax.Array, *, positions: np.ndarray) -> jax.Array:
   return lax.sort(keys)[positions]
 
 
-# Picks the form when the computation is lowered (tests call the CUDA form on the CPU).
-_select_by_platform = lax.platform_dependent
 
-
-def _radix_select(keys: jax.Array, *, positions: np.ndarray, key_bits: int) -> jax.Array:
+def _radix_select(keys: jax.Array, *, positions: np.ndarray, key_bits: int,
+                  kernels: _dispatch.Kernels) -> jax.Array:
   num = positions.shape[0]
   low_bits = key_bits // 2 - 1
   num_high, num_low = 1 << (key_bits - low_bits), 1 << low_bits
   ones = jnp.ones(keys.shape, jnp.int32)
   high = keys >> low_bits
   hist = jax.ops.segment_sum(ones, high, num_segments=num_high)
-  cum = cumsum(hist)  # keys in buckets <= b
+  cum = cumsum(hist, kernels=kernels)  # keys in buckets <= b
   rank = jnp.asarray(positions, jnp.int32)
   bucket = jnp.searchsorted(cum, rank, side="right").astype(jnp.int32)
   rank = rank - (cum[bucket] - hist[bucket])  # rank within the bucket
@@ -383,6 +389,6 @@ def _radix_select(keys: jax.Array, *, positions: np.ndarray, key_bits: int) -> j
   table = jnp.full((num_high,), num, jnp.int32).at[bucket].set(slot)  # num: no slot
   ids = table[high] * num_low + (keys & (num_low - 1))  # keys of other buckets: out of range
   low_hist = jax.ops.segment_sum(ones, ids, num_segments=num * num_low).reshape(num, num_low)
-  low_cum = cumsum(low_hist, axis=1)[slot]
+  low_cum = cumsum(low_hist, axis=1, kernels=kernels)[slot]
   low = jax.vmap(lambda row, r: jnp.searchsorted(row, r, side="right"))(low_cum, rank)
   return (bucket << low_bits) | low.astype(keys.dtype)

@@ -24,7 +24,7 @@ base-4096 form of ``_exact``, and the chunk that holds ``q`` adds its first
 Used on CUDA GPUs for binary samples in one row with more than
 ``_dense.MAX_BUCKETS`` buckets and no groups, mask or given buckets; every
 other case, and every other backend, keeps the scatter path. Tests run it on
-the CPU (:data:`_by_platform`).
+the CPU (``Kernels(platform="cuda")``).
 """
 
 from __future__ import annotations
@@ -34,21 +34,22 @@ import jax.numpy as jnp
 from jax import lax
 
 from cwsa_jax import _dense
+from cwsa_jax import _dispatch
 from cwsa_jax import _exact
 from cwsa_jax import _sort
 from cwsa_jax import _validation
 
 # Samples per chunk: a chunk's column sums stay <= 4096 * 4096 = 2^24.
 _CHUNK = 4096
-# Off: every platform keeps the scatter path (a benchmark's A/B switch).
-ENABLED = True
 _ABOVE_ONE = 0x3F800001  # a key above every confidence key (1.0 is 0x3F800000)
 
 
-def applies(confidences: jax.Array, correct: jax.Array, num_buckets: int) -> bool:
-  """Whether :func:`bucket_sums` handles these samples (static shapes and dtypes only)."""
+def applies(confidences: jax.Array, correct: jax.Array, num_buckets: int, *,
+            kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> bool:
+  """Whether :func:`bucket_sums` handles these samples (static shapes and dtypes only; and
+  ``kernels.sorted_sums``)."""
   n = confidences.shape[-1]
-  return (ENABLED and correct.dtype == jnp.bool_ and confidences.ndim == 1 and n >= 1
+  return (kernels.sorted_sums and correct.dtype == jnp.bool_ and confidences.ndim == 1 and n >= 1
           and n < (1 << 31) - 2 * _CHUNK and num_buckets > _dense.MAX_BUCKETS)
 
 
@@ -104,13 +105,3 @@ def bucket_sums(confidences: jax.Array, correct: jax.Array,
   right = hi[jnp.array([1, 4, 5])], lo[jnp.array([1, 4, 5])]
   return (jnp.concatenate([wrong[0], right[0]]).T, jnp.concatenate([wrong[1], right[1]]).T)
 
-
-def by_platform(fallback, confidences: jax.Array, correct: jax.Array,
-                sorted_thresh: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """:func:`bucket_sums` on CUDA GPUs, ``fallback()`` (the scatter path) elsewhere."""
-  return _by_platform(confidences, correct, sorted_thresh, cuda=bucket_sums,
-                      default=lambda *args: fallback())
-
-
-# Picks the form when the computation is lowered (tests call the CUDA form on the CPU).
-_by_platform = lax.platform_dependent

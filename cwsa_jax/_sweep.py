@@ -24,6 +24,8 @@ loop. On CUDA GPUs, binary samples with at most ``_dense.MAX_BUCKETS``
 buckets (and no groups, mask or given buckets) are summed by ``_dense``'s
 kernels instead of scatter-adds, and one row of them with more
 buckets by ``_sorted_sums`` (one sort): the same integers, bit for bit.
+The internal entry points take a ``_dispatch.Kernels`` (``kernels=``, a
+static argument) that picks these forms; the public functions run the default.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import numpy as np
 from jax.custom_batching import custom_vmap
 
 from cwsa_jax import _dense
+from cwsa_jax import _dispatch
 from cwsa_jax import _exact
 from cwsa_jax import _public
 from cwsa_jax import _sort
@@ -212,45 +215,51 @@ class _Buckets:
 # ------------------------------------------------------------------ the pipeline
 
 
-def _by_rows(rows: int, n: int) -> bool:
+def _by_rows(rows: int, n: int, chunk_size: int) -> bool:
   """The layout of several rows of n samples (leading axes, vmap): chunks of whole rows
-  when a row fits in a chunk (each chunk summed into a table of its own rows), else the
-  flattened samples, each sample's row found by a division."""
-  return rows > 1 and n <= _exact.CHUNK_SIZE
+  when a row fits in a chunk of ``chunk_size`` (each chunk summed into a table of its own
+  rows), else the flattened samples, each sample's row found by a division."""
+  return rows > 1 and n <= chunk_size
 
 
-def _chunk_rows(size: int, rows: int, n: int, offset: jax.Array | None) -> jax.Array | None:
+def _chunk_rows(size: int, rows: int, n: int, offset: jax.Array | None,
+                chunk_size: int) -> jax.Array | None:
   """The row of each of a chunk's ``size`` entries (None for one row): relative to the
   chunk's first row for chunks of rows ([size, 1]), else from the flattened position of
   the chunk's first sample ``offset`` ([size])."""
-  if _by_rows(rows, n):
+  if _by_rows(rows, n, chunk_size):
     return jnp.arange(size, dtype=jnp.int32)[:, None]
   if rows > 1:
     return (offset + jnp.arange(size, dtype=jnp.int32)) // n
   return None
 
 
-def _row_segment_sums(columns_fn, arrays, num_segments: int, rows: int, n: int):
+def _row_segment_sums(columns_fn, arrays, num_segments: int, rows: int, n: int,
+                      kernels: _dispatch.Kernels):
   """:func:`_exact.segment_sums` of ``arrays`` laid out as [rows, n] or flattened (see
   :func:`_by_rows`); ``columns_fn`` gets the chunk's first flattened position last when
   flattened rows need it (:func:`_chunk_rows`). Its columns are counted (the count first,
   ``_stats.segment_columns``)."""
-  if _by_rows(rows, n):
+  chunk_size = kernels.chunk_size
+  if _by_rows(rows, n, chunk_size):
     return _exact.segment_sums(columns_fn, [a.reshape(rows, n) for a in arrays], num_segments,
-                               chunk_size=_exact.CHUNK_SIZE // n,
-                               segments_per_entry=num_segments // rows, counted=True)
+                               chunk_size=chunk_size // n,
+                               segments_per_entry=num_segments // rows, counted=True,
+                               kernels=kernels)
   return _exact.segment_sums(columns_fn, [a.reshape(-1) for a in arrays], num_segments,
-                             with_offset=rows > 1, counted=True)
+                             chunk_size=chunk_size, with_offset=rows > 1, counted=True,
+                             kernels=kernels)
 
 
 def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, masked, given,
-                      drop_invalid=False, dense=True):
+                      drop_invalid=False, dense=True,
+                      kernels: _dispatch.Kernels = _dispatch.DEFAULT):
   """Exact per-bucket sums of samples [..., n]: one pass, leading axes as more segments.
 
-  On CUDA GPUs, binary samples with few buckets (and no groups, mask or given
-  buckets) take ``_dense``'s kernel, and one row of them with more buckets
-  ``_sorted_sums`` (one sort; the same integers, no scatter), unless
-  ``dense`` is False.
+  On CUDA GPUs (as ``kernels`` picks), binary samples with few buckets (and no
+  groups, mask or given buckets) take ``_dense``'s kernel, and one row of them
+  with more buckets ``_sorted_sums`` (one sort; the same integers, no
+  scatter), unless ``dense`` is False: the scatter path.
   """
   extra = list(extra)
   known = extra.pop() if given else None
@@ -259,20 +268,23 @@ def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, m
   lead, n = confidences.shape[:-1], confidences.shape[-1]
   rows = math.prod(lead)
   if dense and not (num_groups or masked or given):
-    scatter = functools.partial(_bucket_sums_impl, confidences, correct, sorted_thresh,
-                                num_groups=None, masked=False, given=False,
-                                drop_invalid=drop_invalid, dense=False)
-    if _dense.applies(confidences, correct, sorted_thresh.shape[0] + 1):
-      return _dense.by_platform(scatter, confidences, correct, sorted_thresh, unit=True)
-    if _sorted_sums.applies(confidences, correct, sorted_thresh.shape[0] + 1):
-      return _sorted_sums.by_platform(scatter, confidences, correct, sorted_thresh)
+    scatter = functools.partial(_bucket_sums_impl, num_groups=None, masked=False, given=False,
+                                drop_invalid=drop_invalid, dense=False, kernels=kernels)
+    num_buckets = sorted_thresh.shape[0] + 1
+    if _dense.applies(confidences, correct, num_buckets, kernels=kernels):
+      return kernels.pick("dense", confidences, correct, sorted_thresh,
+                          cuda=functools.partial(_dense.bucket_sums, unit=True, kernels=kernels),
+                          default=scatter)
+    if _sorted_sums.applies(confidences, correct, num_buckets, kernels=kernels):
+      return kernels.pick("sorted_sums", confidences, correct, sorted_thresh,
+                          cuda=_sorted_sums.bucket_sums, default=scatter)
   buckets = _Buckets(sorted_thresh)
   if given:
     buckets.one_per_cell = None  # nothing to look up
   num_buckets = buckets.num_buckets
   per_row = (num_groups or 1) * num_buckets
   num_segments = _stats.segments_per_bucket(correct.dtype != jnp.bool_) * rows * per_row
-  flattened = rows > 1 and not _by_rows(rows, n)
+  flattened = rows > 1 and not _by_rows(rows, n, kernels.chunk_size)
 
   def columns(c, kappa, *rest, one_per_cell):
     rest = list(rest)
@@ -287,7 +299,7 @@ def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, m
       drop.append((g < 0) | (g >= num_groups))
     if mask is not None:
       drop.append(~rest.pop(0))
-    row = _chunk_rows(c.shape[0], rows, n, offset)
+    row = _chunk_rows(c.shape[0], rows, n, offset, kernels.chunk_size)
     if row is not None:
       segment = segment + row * per_row
     ids, cols = _stats.segment_columns(c, kappa, segment)
@@ -297,7 +309,7 @@ def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, m
 
   def sums(*arrays, one_per_cell):
     fn = functools.partial(columns, one_per_cell=one_per_cell)
-    return _row_segment_sums(fn, arrays, num_segments, rows, n)
+    return _row_segment_sums(fn, arrays, num_segments, rows, n, kernels)
 
   arrays = (confidences, correct, *extra) + ((known,) if given else ())
   hi, lo = buckets.switch(sums, *arrays)
@@ -307,10 +319,11 @@ def _bucket_sums_impl(confidences, correct, sorted_thresh, *extra, num_groups, m
 
 
 @functools.lru_cache(maxsize=None)
-def _bucket_sums_kernel(num_groups: int | None, masked: bool, given: bool, drop_invalid: bool):
+def _bucket_sums_kernel(num_groups: int | None, masked: bool, given: bool, drop_invalid: bool,
+                        kernels: _dispatch.Kernels):
   """:func:`_bucket_sums_impl` whose ``vmap`` flattens the batch into more segments."""
   impl = functools.partial(_bucket_sums_impl, num_groups=num_groups, masked=masked, given=given,
-                           drop_invalid=drop_invalid)
+                           drop_invalid=drop_invalid, kernels=kernels)
   kernel = custom_vmap(impl)
 
   @kernel.def_vmap
@@ -329,7 +342,8 @@ def bucket_sums(confidences: jax.Array, correct: jax.Array, sorted_thresh: jax.A
                 mask: jax.Array | None = None, *, groups: jax.Array | None = None,
                 num_groups: int | None = None,
                 buckets: jax.Array | None = None,
-                drop_invalid: bool = False) -> tuple[jax.Array, jax.Array]:
+                drop_invalid: bool = False,
+                kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> tuple[jax.Array, jax.Array]:
   """Exact per-bucket statistics ``(hi, lo)``, int32 [..., (G,) T + 1, W], of samples [..., n].
 
   Bucket ``b`` holds the samples with exactly ``b`` sorted thresholds <= c;
@@ -345,12 +359,12 @@ def bucket_sums(confidences: jax.Array, correct: jax.Array, sorted_thresh: jax.A
   the concatenated samples. Leading axes [...] (and ``jax.vmap``) are summed
   in the same single pass, as separate segments. ``buckets`` ([..., n],
   :func:`bucket_ids` computed earlier, e.g. once before many resamples)
-  skips the bucketing.
+  skips the bucketing. ``kernels`` picks the forms (and the chunk size).
   """
   extra = ([] if groups is None else [groups]) + ([] if mask is None else [mask])
   extra += [] if buckets is None else [buckets]
   kernel = _bucket_sums_kernel(None if groups is None else num_groups, mask is not None,
-                               buckets is not None, drop_invalid)
+                               buckets is not None, drop_invalid, kernels)
   return kernel(confidences, correct, sorted_thresh, *extra)
 
 
@@ -373,27 +387,29 @@ def pack_samples(confidences: jax.Array, correct: jax.Array, buckets: jax.Array)
   return ((2 * buckets + correct.astype(jnp.int32)) << _UNIT_BITS) | units
 
 
-def _packed_sums_impl(words: jax.Array, *, num_buckets: int) -> tuple[jax.Array, jax.Array]:
+def _packed_sums_impl(words: jax.Array, *, num_buckets: int,
+                      kernels: _dispatch.Kernels) -> tuple[jax.Array, jax.Array]:
   lead, n = words.shape[:-1], words.shape[-1]
   rows, per_row = math.prod(lead), 2 * num_buckets
 
   def columns(w, *offset):
     ids = jax.lax.shift_right_logical(w, _UNIT_BITS)
     units = w & ((1 << _UNIT_BITS) - 1)
-    row = _chunk_rows(w.shape[0], rows, n, offset[0] if offset else None)
+    row = _chunk_rows(w.shape[0], rows, n, offset[0] if offset else None, kernels.chunk_size)
     if row is not None:
       ids = ids + row * per_row
     return ids, jnp.stack([jnp.ones_like(units)] + _exact.unit_columns(units), axis=0)
 
-  hi, lo = _row_segment_sums(columns, (words,), rows * per_row, rows, n)
+  hi, lo = _row_segment_sums(columns, (words,), rows * per_row, rows, n, kernels)
   shape = lead + (num_buckets, -1)
   return hi.reshape(shape), lo.reshape(shape)
 
 
 @functools.lru_cache(maxsize=None)
-def _packed_kernel(num_buckets: int):
+def _packed_kernel(num_buckets: int, kernels: _dispatch.Kernels):
   """:func:`_packed_sums_impl` whose ``vmap`` flattens the batch into more segments."""
-  kernel = custom_vmap(functools.partial(_packed_sums_impl, num_buckets=num_buckets))
+  kernel = custom_vmap(functools.partial(_packed_sums_impl, num_buckets=num_buckets,
+                                         kernels=kernels))
 
   @kernel.def_vmap
   def _rule(axis_size, in_batched, words):
@@ -403,7 +419,9 @@ def _packed_kernel(num_buckets: int):
   return kernel
 
 
-def packed_bucket_sums(words: jax.Array, num_buckets: int) -> tuple[jax.Array, jax.Array]:
+def packed_bucket_sums(words: jax.Array, num_buckets: int, *,
+                       kernels: _dispatch.Kernels = _dispatch.DEFAULT
+                       ) -> tuple[jax.Array, jax.Array]:
   """:func:`bucket_sums` of binary samples [..., n] packed by :func:`pack_samples`.
 
   The same exact ``(hi, lo)`` [..., T + 1, 6], bit for bit, as
@@ -411,7 +429,7 @@ def packed_bucket_sums(words: jax.Array, num_buckets: int) -> tuple[jax.Array, j
   """
   if num_buckets > PACKED_MAX_BUCKETS:
     raise ValueError(f"packed samples hold at most {PACKED_MAX_BUCKETS} buckets, got {num_buckets}")
-  return _packed_kernel(num_buckets)(words)
+  return _packed_kernel(num_buckets, kernels)(words)
 
 
 def bucket_ids(confidences: jax.Array, sorted_thresh: jax.Array) -> jax.Array:
@@ -484,13 +502,14 @@ def _segments(confidences, correct, sorted_thresh, *bucket_sums):
   return bucket_ids(confidences, sorted_thresh), (sorted_thresh.shape[0] + 1,), 0
 
 
-@functools.partial(jax.jit, static_argnames=("normalize", "drop_invalid"))
-def _sweep_1d(confidences, correct, thresholds, normalize="retained", drop_invalid=False):
+@functools.partial(jax.jit, static_argnames=("normalize", "drop_invalid", "kernels"))
+def _sweep_1d(confidences, correct, thresholds, normalize="retained", drop_invalid=False,
+              kernels=_dispatch.DEFAULT):
   order, sorted_thresh = sorted_thresholds(thresholds)
   # Exact integer sums (no derivative), and from them the retained-set sums, whose
   # derivative in c (and kappa) is the float sum over each retained set.
   hi, lo = bucket_sums(*jax.lax.stop_gradient((confidences, correct, sorted_thresh)),
-                       drop_invalid=drop_invalid)
+                       drop_invalid=drop_invalid, kernels=kernels)
   sums = _stats.exact_sums(_sums_of, _segments, confidences, correct, sorted_thresh, hi, lo)
   # drop_invalid (traced samples; concrete ones were checked): the kernel leaves out
   # confidences NaN or outside [0, 1], and a row that lost any is invalid, flagged
@@ -560,26 +579,36 @@ def sweep(confidences, correct, thresholds, *, normalize: str = "retained") -> S
     >>> print(r.coverage.tolist(), [round(float(x), 4) for x in r.cwsa])
     [1.0, 0.5] [0.325, 0.5]
   """
-  _stats.check_normalize(normalize)
-  if not _validation.is_concrete(confidences, correct):
-    return _sweep_traced(confidences, correct, thresholds, normalize=normalize)
   return _sweep(confidences, correct, thresholds, normalize=normalize)
 
 
-def _sweep(confidences, correct, thresholds, *, normalize: str) -> SweepResult:
+def _sweep(confidences, correct, thresholds, *, normalize: str = "retained",
+           kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> SweepResult:
+  """:func:`sweep` with these ``kernels`` (the internal entry point)."""
+  _stats.check_normalize(normalize)
+  if not _validation.is_concrete(confidences, correct):
+    return _sweep_traced(confidences, correct, thresholds, normalize=normalize, kernels=kernels)
+  return _checked_sweep(confidences, correct, thresholds, normalize=normalize, kernels=kernels)
+
+
+def _checked_sweep(confidences, correct, thresholds, *, normalize: str,
+                   kernels: _dispatch.Kernels) -> SweepResult:
   traced = not _validation.is_concrete(confidences, correct)
   # Invalid traced confidences, and concrete ones on an accelerator: left out and counted by
   # the kernel (_sweep_1d), with no pass of their own; correctness here.
-  deferred = _validation.deferred_to_kernel(confidences)
+  deferred = _validation.deferred_to_kernel(confidences, kernels=kernels)
   confidences, correct, invalid = _validation.samples(confidences, correct, flag_confidences=False,
-                                                      check_confidences=not deferred)
+                                                      check_confidences=not deferred,
+                                                      kernels=kernels)
   thresholds, _ = _validation.thresholds(thresholds)  # invalid ones: NaN in the kernel
-  fn = functools.partial(_sweep_1d, normalize=normalize, drop_invalid=traced or deferred)
+  fn = functools.partial(_sweep_1d, normalize=normalize, drop_invalid=traced or deferred,
+                         kernels=kernels)
   for _ in range(confidences.ndim - 1):
     fn = jax.vmap(fn, in_axes=(0, 0, None))  # a flattening rule, not a loop (bucket_sums)
   result = fn(confidences, correct, thresholds)
   if deferred:  # a row that lost samples is NaN
-    _validation.raise_if_left_out(np.isnan(np.asarray(result.coverage)), confidences)
+    _validation.raise_if_left_out(np.isnan(np.asarray(result.coverage)), confidences,
+                                  kernels=kernels)
   if invalid is None:
     return result
   return SweepResult(result.thresholds, *_validation.poison(tuple(result[1:]), rows=invalid))
@@ -587,4 +616,4 @@ def _sweep(confidences, correct, thresholds, *, normalize: str) -> SweepResult:
 
 # Traced samples (inside a user's jit, vmap or grad): the value checks become
 # flags, computed with the kernel in one compiled call rather than op by op.
-_sweep_traced = jax.jit(_sweep, static_argnames=("normalize",))
+_sweep_traced = jax.jit(_checked_sweep, static_argnames=("normalize", "kernels"))

@@ -46,6 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
+from cwsa_jax import _dispatch
+
 # Probability rows must sum to 1 within this absolute tolerance, for every
 # dtype (float32 softmax outputs of 10^4 classes and probabilities saved with
 # four decimals pass; rows summing to 0.999 or 1.01 do not).
@@ -53,8 +55,9 @@ PROBABILITY_TOLERANCE = 1e-3
 
 # The rank metrics (aurc, augrc, eaurc, risk_coverage_summary,
 # risk_coverage_curve, risk_at_coverage, coverage_at_risk) only compare
-# confidences with each other. With False they accept any finite real score
-# (read by ``samples(..., scores=True)``; their kernels still clip to [0, 1]).
+# confidences with each other. Their scores must lie in [0, 1] all the same: the default of
+# ``samples(..., scores=True, unit_scores=...)``; with False any finite real score is
+# accepted (their kernels still clip to [0, 1]).
 SCORES_IN_UNIT_INTERVAL = True
 
 
@@ -82,17 +85,15 @@ def _device_values(x: jax.Array, binary: bool):
   return out + ((jnp.sum((x != 0) & (x != 1)),) if binary else ())
 
 
-def _on_accelerator(x: Any) -> bool:
-  return isinstance(x, jax.Array) and any(d.platform != "cpu" for d in x.devices())
-
-
-def _values(x: Any, *, binary: bool = False) -> _Values:
+def _values(x: Any, *, binary: bool = False,
+            kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> _Values:
   """:class:`_Values` of a concrete numeric array, computed where it lives.
 
-  An array on an accelerator is reduced there (a few scalars come back, not
-  the array); others are read as NumPy arrays (no copy for CPU arrays).
+  An array on an accelerator (``kernels.on_accelerator``) is reduced there (a
+  few scalars come back, not the array); others are read as NumPy arrays (no
+  copy for CPU arrays).
   """
-  if _on_accelerator(x):
+  if kernels.on_accelerator(x):
     if x.size == 0:
       return _Values(0, None, None, 0 if binary else None)
     nonfinite, low, high, *not_binary = jax.device_get(_device_values(x, binary))
@@ -250,17 +251,20 @@ def convert_correct(k: jax.Array) -> jax.Array:
 
 
 def check_finite_in_unit_interval(x: jax.Array, name: str, *, reduce_axes: int = 1,
-                                  unit: bool = True) -> jax.Array | None:
+                                  unit: bool = True,
+                                  kernels: _dispatch.Kernels = _dispatch.DEFAULT
+                                  ) -> jax.Array | None:
   """Raises if concrete ``x`` holds NaN, inf or values outside [0, 1]; else the traced flag.
 
   The flag is reduced over the last ``reduce_axes`` axes (the samples axis by
-  default). With ``unit=False`` only finiteness is required.
+  default). With ``unit=False`` only finiteness is required. ``kernels``: where
+  concrete values are reduced (:func:`_values`).
   """
   if not is_concrete(x):
     bad = bad_unit(x) if unit else ~jnp.isfinite(x)
     what = "finite and in [0, 1]" if unit else "finite"
     return _traced_flag(bad, min(reduce_axes, x.ndim), f"{name} must be {what}")
-  v = _values(x)
+  v = _values(x, kernels=kernels)
   if v.nonfinite:
     raise ValueError(f"{name} contains {v.nonfinite} NaN or infinite value(s)")
   if unit and v.low is not None:
@@ -271,7 +275,8 @@ def check_finite_in_unit_interval(x: jax.Array, name: str, *, reduce_axes: int =
 
 
 def check_correct(k: jax.Array, name: str = "correct", *, graded: bool = True,
-                  reduce_axes: int = 1) -> jax.Array | None:
+                  reduce_axes: int = 1,
+                  kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> jax.Array | None:
   """Raises unless concrete ``k`` is bool, integer 0/1 or (``graded``) a float in [0, 1].
 
   Returns the traced flag instead on tracers.
@@ -287,7 +292,7 @@ def check_correct(k: jax.Array, name: str = "correct", *, graded: bool = True,
       bad = (k != 0) & (k != 1)
     what = "0 or 1" if integer or not graded else "a number in [0, 1]"
     return _traced_flag(bad, min(reduce_axes, k.ndim), f"{name} must be {what}")
-  v = _values(k, binary=not graded and not integer)
+  v = _values(k, binary=not graded and not integer, kernels=kernels)
   if integer:
     if v.low is not None and (v.low < 0 or v.high > 1):
       raise ValueError(
@@ -358,11 +363,12 @@ def check_range(x: Any, name: str, *, low_open: bool) -> jax.Array | None:
   return None
 
 
-def check_labels(y: jax.Array, num_classes: int, name: str = "labels") -> jax.Array | None:
+def check_labels(y: jax.Array, num_classes: int, name: str = "labels", *,
+                 kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> jax.Array | None:
   """Raises unless concrete integer ``y`` lies in [0, num_classes); else the elementwise flag."""
   if not is_concrete(y):
     return _traced_flag(bad_label(y, num_classes), 0, f"{name} must lie in [0, {num_classes})")
-  v = _values(y)
+  v = _values(y, kernels=kernels)
   if v.low is not None and (v.low < 0 or v.high >= num_classes):
     raise ValueError(f"{name} must lie in [0, {num_classes}), got values in [{v.low}, {v.high}]")
   return None
@@ -432,7 +438,8 @@ class Samples(NamedTuple):
   invalid: jax.Array | None
 
 
-def deferred_to_kernel(confidences: Any) -> bool:
+def deferred_to_kernel(confidences: Any, *,
+                       kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> bool:
   """Whether a kernel that counts the confidences it kept checks these instead of a pass here.
 
   True for concrete arrays on an accelerator: there a value check is a pass
@@ -440,25 +447,29 @@ def deferred_to_kernel(confidences: Any) -> bool:
   reads them again. A caller that gets True passes ``check_confidences=False``
   to :func:`samples`, runs its kernel leaving out confidences NaN or outside
   [0, 1] (``drop_invalid``) and then calls :func:`raise_if_left_out`.
+  ``kernels.on_accelerator`` says where the confidences are.
   """
-  return is_concrete(confidences) and _on_accelerator(confidences)
+  return is_concrete(confidences) and kernels.on_accelerator(confidences)
 
 
-def raise_if_left_out(left_out: Any, confidences: Any) -> None:
+def raise_if_left_out(left_out: Any, confidences: Any, *,
+                      kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> None:
   """After a kernel that left out invalid confidences (:func:`deferred_to_kernel`): where a
   row lost samples (``left_out``, concrete bools), the error a check beforehand gives."""
   if np.asarray(left_out).any():
-    check_finite_in_unit_interval(confidences, "confidences")  # raises, naming the problem
+    # raises, naming the problem
+    check_finite_in_unit_interval(confidences, "confidences", kernels=kernels)
 
 
 def samples(confidences: Any, correct: Any, *, scores: bool = False,
             graded: bool = True, flag_confidences: bool = True,
-            check_confidences: bool = True) -> Samples:
+            check_confidences: bool = True, unit_scores: bool = SCORES_IN_UNIT_INTERVAL,
+            kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> Samples:
   """The common entry point of the (confidences, correct) metrics.
 
   Args:
     confidences: [..., n] confidences in [0, 1] (with ``scores``, rank-metric
-      scores: see :data:`SCORES_IN_UNIT_INTERVAL`).
+      scores: in [0, 1] too unless ``unit_scores`` is False).
     correct: [..., n] bool, integer 0/1 or graded float in [0, 1].
     scores: apply the rank metrics' range rule to ``confidences``.
     graded: accept graded (non-binary) float correctness.
@@ -469,6 +480,9 @@ def samples(confidences: Any, correct: Any, *, scores: bool = False,
       registered with ``checkify``.
     check_confidences: False: concrete confidences are not checked here
       either (see :func:`deferred_to_kernel`).
+    unit_scores: with ``scores``, whether they must lie in [0, 1] (False: any
+      finite score; :data:`SCORES_IN_UNIT_INTERVAL` by default).
+    kernels: where concrete values are reduced (:func:`_values`).
 
   Returns:
     :class:`Samples`; ``invalid`` is the traced per-row flag (None when the
@@ -479,9 +493,10 @@ def samples(confidences: Any, correct: Any, *, scores: bool = False,
   _check_sample_shapes(c, k)
   confidence_flag = None
   if check_confidences or not is_concrete(c):
-    confidence_flag = check_finite_in_unit_interval(c, "confidences",
-                                                    unit=SCORES_IN_UNIT_INTERVAL or not scores)
-  flag = either(confidence_flag if flag_confidences else None, check_correct(k, graded=graded))
+    confidence_flag = check_finite_in_unit_interval(
+        c, "confidences", unit=unit_scores or not scores, kernels=kernels)
+  flag = either(confidence_flag if flag_confidences else None,
+                check_correct(k, graded=graded, kernels=kernels))
   return Samples(_float32(c), convert_correct(k), flag)
 
 
@@ -496,7 +511,8 @@ def as_correct(correct: Any, name: str = "correct", *, graded: bool = True) -> j
   return convert_correct(k)
 
 
-def as_labels(labels: Any, name: str = "labels", *, num_classes: int | None = None) -> jax.Array:
+def as_labels(labels: Any, name: str = "labels", *, num_classes: int | None = None,
+              kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> jax.Array:
   """Validated integer class labels (concrete ones checked to lie in [0, num_classes))."""
   arr = _as_array(labels, name)
   if not jnp.issubdtype(arr.dtype, jnp.integer) or arr.dtype == jnp.bool_:
@@ -509,14 +525,15 @@ def as_labels(labels: Any, name: str = "labels", *, num_classes: int | None = No
     else:
       raise DTypeError(f"{name} must be integer class indices, got dtype {arr.dtype}")
   if num_classes is not None and is_concrete(arr):
-    check_labels(arr, num_classes, name)
+    check_labels(arr, num_classes, name, kernels=kernels)
   return arr
 
 
-def labels(y: Any, num_classes: int, name: str = "labels") -> tuple[jax.Array, jax.Array | None]:
+def labels(y: Any, num_classes: int, name: str = "labels", *,
+           kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> tuple[jax.Array, jax.Array | None]:
   """(int32 labels, elementwise flag or None) of labels that must lie in [0, num_classes)."""
   y = as_labels(y, name)
-  return y.astype(jnp.int32), check_labels(y, num_classes, name)
+  return y.astype(jnp.int32), check_labels(y, num_classes, name, kernels=kernels)
 
 
 def threshold(tau: Any, name: str = "tau", *, hint: str = "") -> tuple[jax.Array, jax.Array | None]:
@@ -552,9 +569,10 @@ def temperature(value: Any, name: str = "temperature") -> tuple[jax.Array, jax.A
   return t, check_positive(t, name)
 
 
-def prepare_at_threshold(confidences: Any, correct: Any, tau: Any, *, hint: str = ""):
+def prepare_at_threshold(confidences: Any, correct: Any, tau: Any, *, hint: str = "",
+                         kernels: _dispatch.Kernels = _dispatch.DEFAULT):
   """(float32 confidences [..., n], correctness, float32 scalar tau, row flag, tau flag)."""
-  c, k, rows = samples(confidences, correct)
+  c, k, rows = samples(confidences, correct, kernels=kernels)
   tau, tau_flag = threshold(tau, hint=hint)
   return c, k, tau, rows, tau_flag
 

@@ -417,12 +417,7 @@ def is_utf8(data):
 
 def careful_chunks(path, chunk_rows):
   """The file through the careful (csv module) path only."""
-  original = _csv._fast_block
-  _csv._fast_block = lambda *args: None
-  try:
-    return list(_io.iter_csv_chunks(path, chunk_rows))
-  finally:
-    _csv._fast_block = original
+  return list(_csv.iter_csv_chunks(path, chunk_rows, parsers=("careful",)))
 
 
 @pytest.mark.parametrize("refusal", REFUSALS[:9] + REFUSALS[9:12],
@@ -740,8 +735,9 @@ def test_the_chunk_api(tmp_path):
     list(_io.iter_csv_chunks(path, 3))
 
 
-def test_plain_files_take_the_numpy_path(tmp_path, monkeypatch):
-  """BOM, CRLF, empty lines, extra columns with any bytes: no row goes through the csv module."""
+def test_plain_files_take_the_numpy_path(tmp_path):
+  """BOM, CRLF, empty lines, extra columns with any bytes: no row goes through the csv module
+  (with the fast path alone, a block it gave up on would raise)."""
   rng = np.random.default_rng(0)
   c = rng.random(1000)
   rows = [f"{i},{i % 3},{(i * 7) % 3},{x!r},\xff{i}\r\n".encode("latin-1")
@@ -750,17 +746,17 @@ def test_plain_files_take_the_numpy_path(tmp_path, monkeypatch):
   path.write_bytes(b"\xef\xbb\xbfid,y_true,y_pred,confidence,note\r\n" + b"".join(rows[:500])
                    + b"\r\n" + b"".join(rows[500:]))
 
-  def careful(*args):
-    raise AssertionError("the careful path was used")
-
-  monkeypatch.setattr(_csv, "_careful_block", careful)
-  chunks = list(_io.iter_csv_chunks(path, 128))
-  loaded = _io.load_predictions(path)
+  chunks = list(_csv.iter_csv_chunks(path, 128, parsers=("fast",)))
+  loaded = _io._load_table(path, _csv.iter_csv_chunks(path, parsers=("fast",)))
   np.testing.assert_array_equal(np.concatenate([k.confidences for k in chunks]), c)
   np.testing.assert_array_equal(loaded.correct, np.arange(1000) % 3 == (np.arange(1000) * 7) % 3)
+  # the same file with a quoted field: the fast path alone gives up on that block
+  path.write_bytes(b"confidence,correct\n0.5,1\n\"0.25\",0\n")
+  with pytest.raises(RuntimeError, match="fast path gave up"):
+    list(_csv.iter_csv_chunks(path, parsers=("fast",)))
 
 
-def test_loading_memory_is_bounded_by_the_block(tmp_path, monkeypatch):
+def test_loading_memory_is_bounded_by_the_block(tmp_path):
   """Peak traced memory: the arrays kept plus one block, not Python objects per row (the
   csv-module reader took about 14x the file's size)."""
   n = 50_000
@@ -771,10 +767,9 @@ def test_loading_memory_is_bounded_by_the_block(tmp_path, monkeypatch):
     f.writelines(f"{a},{b},{x!r}\n" for a, b, x in zip(rng.integers(0, 10, n).tolist(),
                                                         rng.integers(0, 10, n).tolist(),
                                                         rng.random(n).tolist()))
-  monkeypatch.setattr(_csv, "DEFAULT_CHUNK_ROWS", 2000)
   tracemalloc.start()
-  try:
-    loaded = _io.load_predictions(path)
+  try:  # load_predictions' reading of a CSV, in blocks of 2000 rows
+    loaded = _io._load_table(path, _csv.iter_csv_chunks(path, 2000))
     peak = tracemalloc.get_traced_memory()[1]
   finally:
     tracemalloc.stop()

@@ -13,6 +13,7 @@ the whole table compiles about four times per function.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Callable, NamedTuple
 
@@ -23,6 +24,7 @@ import pytest
 from jax.experimental import checkify
 
 import cwsa_jax as cw
+from cwsa_jax import _dispatch
 from cwsa_jax import _validation
 from cwsa_jax import losses
 from cwsa_jax import streaming
@@ -322,26 +324,51 @@ def test_eager_raises_value_error_naming_the_problem(name, cls):
     ALL[name][0](_inputs(cls))
 
 
-# Each class once, with the first function that takes it (the checks are shared).
-_SUMMARIZED = list({cls: (name, cls) for name, cls in reversed(CASES)
-                    if cls in SAMPLES + GROUPS + LABELS}.values())
+@dataclasses.dataclass(frozen=True)
+class _OnAccelerator(_dispatch.Kernels):
+  """Kernels that treat every concrete array as on an accelerator (``platform="cuda"``) and
+  record its answers."""
+
+  platform: str | None = "cuda"
+  answers: list = dataclasses.field(default_factory=list, compare=False, repr=False)
+
+  def on_accelerator(self, x):
+    self.answers.append(super().on_accelerator(x))
+    return self.answers[-1]
 
 
-@pytest.mark.parametrize("name, cls", _SUMMARIZED)
-def test_accelerator_arrays_are_checked_where_they_live(name, cls, monkeypatch):
+def _checked(inputs: dict, key: str, kernels: _dispatch.Kernels):
+  """The entry-point checks of ``_validation`` that read the values of input ``key`` (the
+  samples; group ids and labels), with these ``kernels``."""
+  if key == "groups":
+    return _validation.labels(inputs["groups"], 2, "groups", kernels=kernels)
+  if key == "labels":
+    return _validation.labels(inputs["labels"], K, kernels=kernels)
+  return _validation.samples(inputs["c"], inputs["k"], kernels=kernels)
+
+
+@pytest.mark.parametrize("cls", SAMPLES + GROUPS + LABELS)
+def test_accelerator_arrays_are_checked_where_they_live(cls):
   """Arrays on an accelerator are checked by a reduction there (forced here on the CPU arrays):
-  the same error, and the same result for valid inputs."""
-  from cwsa_jax import _validation
-  valid = np.asarray(ALL[name][0](_valid_like(cls)))
-  reduced = []
-  device_values = _validation._device_values
-  monkeypatch.setattr(_validation, "_on_accelerator", lambda x: True)
-  monkeypatch.setattr(_validation, "_device_values",
-                      lambda *a, **k: reduced.append(1) or device_values(*a, **k))
+  the same error, and the same checked values for valid inputs; the reductions there give the
+  host's values."""
+  key = CLASSES[cls].key
+  on_device = _OnAccelerator()
   with pytest.raises(ValueError, match=CLASSES[cls].match):
-    ALL[name][0](_inputs(cls))
-  assert reduced
-  np.testing.assert_array_equal(np.asarray(ALL[name][0](_valid_like(cls))), valid)
+    _checked(_inputs(cls), key, on_device)
+  assert on_device.answers and all(on_device.answers)  # (only _values asks: reduced there)
+  valid = _valid_like(cls)
+  for a, b in zip(jax.tree.leaves(_checked(valid, key, _OnAccelerator())),
+                  jax.tree.leaves(_checked(valid, key, _dispatch.DEFAULT))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  for x in (_inputs(cls)[key], valid[key]):
+    binary = not np.issubdtype(np.asarray(x).dtype, np.floating)
+    host = _validation._values(x, binary=binary)
+    on_device = _OnAccelerator()
+    device = _validation._values(x, binary=binary, kernels=on_device)
+    assert on_device.answers == [True]  # (only _values asks: reduced there)
+    assert device.nonfinite == host.nonfinite and device.not_binary == host.not_binary
+    assert (device.low, device.high) == (host.low, host.high)
 
 
 @pytest.mark.parametrize("name, cls", CASES)
@@ -444,17 +471,29 @@ def test_wrong_dtypes_raise_type_error():
     cw.sweep(np.array([True]), np.array([True]), [0.5])
 
 
-def test_rank_metric_range_rule_is_one_switch(monkeypatch):
+def test_rank_metric_range_rule_is_one_argument():
+  """The rank metrics' scores must lie in [0, 1] by default; ``unit_scores=False`` accepts any
+  finite score (NaN still refused), and the CWSA family's samples (``scores=False``) still
+  need [0, 1]."""
   c = BASE["c"] * 10.0 - 3.0  # finite real scores outside [0, 1]
   with pytest.raises(ValueError, match="confidences"):
     cw.aurc(c, BASE["k"])
-  monkeypatch.setattr(_validation, "SCORES_IN_UNIT_INTERVAL", False)
-  assert np.isfinite(float(cw.aurc(np.clip(c, 0, 1), BASE["k"])))
-  cw.aurc(c, BASE["k"])  # accepted: only finiteness is required
-  with pytest.raises(ValueError, match="NaN"):
-    cw.aurc(np.where(np.arange(N) == BAD, np.nan, c), BASE["k"])
   with pytest.raises(ValueError, match="confidences"):
-    cw.cwsa(c, BASE["k"], 0.5)  # the CWSA family still needs [0, 1]
+    _validation.samples(c, BASE["k"], scores=True)
+  checked = _validation.samples(c, BASE["k"], scores=True, unit_scores=False)
+  np.testing.assert_array_equal(np.asarray(checked.confidences), c)  # accepted as they are
+  assert checked.invalid is None
+  # traced: the flag marks non-finite scores only
+  flag = jax.jit(
+      lambda c: _validation.samples(c, BASE["k"], scores=True, unit_scores=False).invalid)
+  assert not bool(flag(c)) and bool(flag(np.where(np.arange(N) == BAD, np.nan, c)))
+  with pytest.raises(ValueError, match="NaN"):
+    _validation.samples(np.where(np.arange(N) == BAD, np.nan, c), BASE["k"], scores=True,
+                        unit_scores=False)
+  with pytest.raises(ValueError, match="confidences"):
+    _validation.samples(c, BASE["k"], unit_scores=False)  # the CWSA family still needs [0, 1]
+  with pytest.raises(ValueError, match="confidences"):
+    cw.cwsa(c, BASE["k"], 0.5)
 
 
 def test_host_only_functions_refuse_tracers():

@@ -154,24 +154,30 @@ def test_conv_hook_same_forward_and_input_gradient_and_filter_gradient(shape):
   assert np.abs(np.asarray(dw_lax) - want).max() <= 2e-6 * scale
 
 
-def test_conv_hook_falls_back_to_lax_outside_its_case(monkeypatch):
+def _custom_vjps(fn, *args) -> int:
+  """The custom VJPs in ``fn``'s jaxpr (the conv hook's own conv; the fused block op)."""
+  return str(jax.make_jaxpr(fn)(*args)).count("custom_vjp_call[")
+
+
+def test_conv_hook_falls_back_to_lax_outside_its_case():
   """Strides, more input channels than the limit or other paddings: plain lax (no custom VJP)."""
-  calls = []
-  monkeypatch.setattr(models, "_conv_same", lambda *a: calls.append(a))
   x = jnp.ones((1, 8, 8, 4), jnp.float32)
   kernel = jnp.ones((3, 3, 4, 2), jnp.float32)
   dn = jax.lax.conv_dimension_numbers(x.shape, kernel.shape, ("NHWC", "HWIO", "NHWC"))
   for strides, padding in (((2, 2), "SAME"), ((1, 1), "VALID"), ((1, 1), ((1, 1), (1, 1)))):
-    y = models.conv_general_dilated(x, kernel, strides, padding, None, None, dn, 1)
+    hook = lambda a, b: models.conv_general_dilated(  # noqa: E731
+        a, b, strides, padding, None, None, dn, 1)  # noqa: B023
+    assert _custom_vjps(hook, x, kernel) == 0
     np.testing.assert_array_equal(
-        np.asarray(y), np.asarray(jax.lax.conv_general_dilated(x, kernel, strides, padding,
-                                                               dimension_numbers=dn)))
-  monkeypatch.setattr(models, "MATMUL_FILTER_GRADIENT_MAX_CHANNELS", 3)
-  models.conv_general_dilated(x, kernel, (1, 1), "SAME", None, None, dn, 1)
-  assert not calls
-  monkeypatch.setattr(models, "MATMUL_FILTER_GRADIENT_MAX_CHANNELS", 4)
-  models.conv_general_dilated(x, kernel, (1, 1), "SAME", None, None, dn, 1)
-  assert len(calls) == 1
+        np.asarray(hook(x, kernel)),
+        np.asarray(jax.lax.conv_general_dilated(x, kernel, strides, padding, dimension_numbers=dn)))
+  # 4 input channels: the hook's own conv up to the limit, lax above it
+  for limit, custom in ((3, 0), (4, 1), (models.MATMUL_FILTER_GRADIENT_MAX_CHANNELS, 1)):
+    hook = lambda a, b: models.conv_general_dilated(  # noqa: E731
+        a, b, (1, 1), "SAME", None, None, dn, 1, matmul_max_channels=limit)  # noqa: B023
+    assert _custom_vjps(hook, x, kernel) == custom, limit
+  assert _custom_vjps(lambda a, b: models.conv_general_dilated(
+      a, b, (1, 1), "SAME", None, None, dn, 1), x, kernel) == 1  # the default limit
 
 
 def test_max_pool_matches_nnx_max_pool():
@@ -281,23 +287,28 @@ def test_fused_norm_relu_pool_matches_float64_reference(shape):
     np.testing.assert_allclose(grads[i + 1], fd, rtol=1e-4, atol=1e-5 * np.abs(fd).max())
 
 
-def test_fused_blocks_equal_the_three_ops(built, monkeypatch):
+def _fused_ops(model, x) -> int:
+  """The blocks' fused ops (custom VJPs of ``norm_relu_max_pool``) in the forward pass."""
+  graphdef, state = nnx.split(model)
+  return str(jax.make_jaxpr(lambda s: nnx.merge(graphdef, s)(x))(state)).count(
+      "name=norm_relu_max_pool")
+
+
+def test_fused_blocks_equal_the_three_ops(built):
   """Each block's last batch norm, ReLU and pooling fused or as three nnx/jnp ops: the same
   logits, parameter gradients and running statistics up to float rounding, in both modes."""
   rng = np.random.default_rng(3)
   x = rng.normal(size=(8, 28, 28, 1)).astype(np.float32)
   x[:, :10] = -0.42  # background: tied windows
   x, y = jnp.asarray(x), jnp.asarray(rng.integers(0, 10, 8))
-
-  calls = []
-  fused_op = models.norm_relu_max_pool
-  monkeypatch.setattr(models, "norm_relu_max_pool",
-                      lambda *a, **k: calls.append(a[0].shape) or fused_op(*a, **k))
+  calls = []  # the fused ops of each run
 
   def run(fused):
-    monkeypatch.setattr(models, "FUSED_NORM_RELU_POOL", fused)
-    model = nnx.clone(built["mnist"])
+    # built["mnist"]'s parameters (the same seed), its blocks fused or not
+    model = MnistCNN(rngs=nnx.Rngs(0), fused_norm_relu_pool=fused)
+    nnx.update(model, nnx.state(built["mnist"]))
     model.dropout.rate = 0.0
+    calls.append(_fused_ops(model, x))
 
     @nnx.jit
     def step(model):
@@ -310,8 +321,7 @@ def test_fused_blocks_equal_the_three_ops(built, monkeypatch):
     return grads, stats, np.asarray(nnx.jit(lambda m: m(x))(model))
 
   unfused = run(False)
-  assert not calls
   fused = run(True)
-  assert calls[:2] == [(8, 28, 28, 32), (8, 14, 14, 64)]  # both blocks, traced in the gradient
+  assert calls == [0, 2]  # unfused: none; fused: both blocks
   for a, b in zip(jax.tree.leaves(unfused), jax.tree.leaves(fused)):
     assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()

@@ -4,53 +4,66 @@ from __future__ import annotations
 
 import fractions
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cwsa_jax import _exact, _sort
+from cwsa_jax import _dispatch, _exact, _sort
 
 RNG = np.random.default_rng(0)
 KEYS = RNG.integers(-40, 40, (3, 500)).astype(np.int32)  # many ties
 FLAGS = RNG.integers(0, 2, (3, 500)).astype(np.int32)
 
 
-def _with_setting(fn, name: str, value):
-  """``fn`` run with ``_sort.<name>`` set to ``value``."""
+def _without_buffer_callback(fn):
+  """``fn`` through the jax.pure_callback fallback: as with an older JAX, which has no
+  buffer_callback (the installed JAX simulated, not a choice of the kit's)."""
   def call(*args, **kwargs):
-    saved = getattr(_sort, name)
-    setattr(_sort, name, value)
+    saved = _sort._buffer_callback
+    _sort._buffer_callback = None
     try:
       return fn(*args, **kwargs)
     finally:
-      setattr(_sort, name, saved)
+      _sort._buffer_callback = saved
   return call
 
 
-def _without_buffer_callback(fn):
-  """``fn`` through the jax.pure_callback fallback (older JAX has no buffer_callback)."""
-  return _with_setting(fn, "_buffer_callback", None)
-
-
 def _radix_order(fn, radix: bool):
-  """``fn`` with the host's stable order found by the radix passes (True) or NumPy's sort of
-  64-bit words (False), whichever this CPU would pick (``_sort._RADIX_ORDER``)."""
-  return _with_setting(fn, "_RADIX_ORDER", radix)
+  """The host form ``fn`` with its stable order found by the radix passes (True) or NumPy's
+  sort of 64-bit words (False), whichever this CPU would pick (``_sort._RADIX_ORDER``)."""
+  return functools.partial(fn, radix=radix)
 
 
-def _both(host, device):
+def _both(host, device, *, stable: bool = True):
   """The public function's branches, each runnable on CPU (the host one is what CPU lowers),
-  the host one with either way of finding a stable order."""
-  impls = [_radix_order(host, True), _radix_order(host, False),
-           _without_buffer_callback(_radix_order(host, True)),
-           _without_buffer_callback(_radix_order(host, False)), device]
-  return pytest.mark.parametrize("impl", impls, ids=["host_radix", "host_words", "host_radix_pure_callback",
-                                                     "host_words_pure_callback", "device"])
+  the host one of a stable sort with either way of finding a stable order."""
+  hosts = ({"host_radix": _radix_order(host, True), "host_words": _radix_order(host, False)}
+           if stable else {"host": host})
+  impls = {**hosts, **{f"{k}_pure_callback": _without_buffer_callback(f) for k, f in hosts.items()},
+           "device": device}
+  return pytest.mark.parametrize("impl", list(impls.values()), ids=list(impls))
 
 
-@_both(_sort._host_sort, _sort._device_sort)
+@pytest.mark.parametrize("radix", [True, False])
+def test_stable_sorts_take_the_configured_order(radix):
+  """``Kernels.stable_by_radix`` picks the host's way to a stable order (NumPy's sort of
+  64-bit words builds them as uint32 pairs; the radix passes read the int32 keys): the same
+  order either way."""
+  kernels = _dispatch.Kernels(stable_by_radix=radix)
+  for fn in (lambda k: _sort.sort_with_order(k, kernels=kernels),
+             lambda k: _sort.stable_flag_counts(k, FLAGS[0], kernels=kernels)):
+    assert ("ui32" in jax.jit(fn).lower(KEYS[0]).as_text()) == (not radix)
+  keys, order = _sort.sort_with_order(KEYS[0], kernels=kernels)
+  np.testing.assert_array_equal(order, np.argsort(KEYS[0], kind="stable"))
+  np.testing.assert_array_equal(
+      _sort.stable_flag_counts(KEYS[0], FLAGS[0], kernels=kernels),
+      np.cumsum(FLAGS[0][np.argsort(KEYS[0], kind="stable")]))
+
+
+@_both(_sort._host_sort, _sort._device_sort, stable=False)
 def test_sort_padded_and_vmapped(impl):
   got = jax.jit(jax.vmap(functools.partial(impl, length=503, fill=99)))(KEYS)
   np.testing.assert_array_equal(got[:, :500], np.sort(KEYS, axis=-1))
@@ -119,11 +132,16 @@ def test_cumsum(impl):
 
 
 @pytest.fixture(params=["radix_select", "cuda_sort"])
-def select_form(request, monkeypatch):
-  """Order statistics by the radix select (CPU and others) or by the CUDA form (one sort)."""
-  if request.param == "cuda_sort":
-    monkeypatch.setattr(_sort, "_select_by_platform", lambda *a, cuda, default: cuda(*a))
-  return request.param
+def select_form(request):
+  """Kernels whose order statistics are the radix select (the CPU's form) or the CUDA form
+  (one sort), both forced."""
+  return _dispatch.Kernels(platform="cpu" if request.param == "radix_select" else "cuda")
+
+
+def _sorts(fn, *args) -> bool:
+  """Whether ``fn`` sorts (a ``sort`` primitive in its jaxpr): the CUDA form does, the radix
+  select does not."""
+  return re.search(r"\bsort\[", str(jax.make_jaxpr(fn)(*args))) is not None
 
 
 @pytest.mark.parametrize("case", ["uniform", "few_values", "confidences", "one"])
@@ -137,13 +155,18 @@ def test_order_statistics_equal_sorted_positions(case, select_form):
     keys = RNG.uniform(0, 1, n).astype(np.float32).view(np.int32)
   keys = keys.astype(np.int32)
   positions = [0, 1, n // 3, n // 3, n // 2, n - 1, n + 5]  # repeats; past the end clamps
-  got = jax.jit(lambda k: _sort.order_statistics(k, positions, key_bits=30))(keys)
+  select = lambda k: _sort.order_statistics(  # noqa: E731
+      k, positions, key_bits=30, kernels=select_form)
+  assert _sorts(select, keys) == (select_form.platform == "cuda")
+  got = jax.jit(select)(keys)
   np.testing.assert_array_equal(got, np.sort(keys)[np.minimum(positions, n - 1)])
 
 
 def test_order_statistics_vmapped(select_form):
   keys = RNG.integers(0, 2**31 - 1, (3, 400)).astype(np.int32)
-  got = jax.vmap(lambda k: _sort.order_statistics(k, [0, 17, 399]))(keys)
+  select = jax.vmap(lambda k: _sort.order_statistics(k, [0, 17, 399], kernels=select_form))
+  assert _sorts(select, keys) == (select_form.platform == "cuda")
+  got = select(keys)
   np.testing.assert_array_equal(got, np.sort(keys, axis=-1)[:, [0, 17, 399]])
 
 

@@ -247,11 +247,11 @@ def test_inside_jit_invalid_thresholds_give_nan_only_there():
 
 
 @pytest.mark.parametrize("chunk", [64, 1000, 4096])
-def test_batched_bucket_sums_equal_row_by_row(monkeypatch, chunk):
+def test_batched_bucket_sums_equal_row_by_row(chunk):
   """Leading axes are more segments of one pass: chunks of whole rows (each summed into its
   own rows' table) or, for rows longer than a chunk, the flattened samples. The exact sums
   equal those of each row alone, with groups and a mask too."""
-  from cwsa_jax import _exact
+  from cwsa_jax import _dispatch
   rng = np.random.default_rng(11)
   c = rng.uniform(0, 1, (3, 2, 700)).astype(np.float32)
   ok = rng.uniform(size=c.shape) < c
@@ -262,12 +262,16 @@ def test_batched_bucket_sums_equal_row_by_row(monkeypatch, chunk):
   want = [np.stack([np.stack([np.asarray(x) for x in row(c[i, j], ok[i, j], groups[i, j],
                                                            mask[i, j])]) for j in range(2)])
           for i in range(3)]
-  monkeypatch.setattr(_exact, "CHUNK_SIZE", chunk)
-  batched = jax.jit(lambda c, k, g, m: _sweep.bucket_sums(c, k, st, m, groups=g, num_groups=3))
+  # Rows of 700 fit in chunks of 1000 and 4096 (chunks of whole rows), not in 64 (flattened).
+  kernels = _dispatch.Kernels(chunk_size=chunk)
+  assert _sweep._by_rows(6, 700, kernels.chunk_size) == (chunk > 700)
+  batched = jax.jit(lambda c, k, g, m: _sweep.bucket_sums(c, k, st, m, groups=g, num_groups=3,
+                                                          kernels=kernels))
   got = np.stack([np.asarray(x) for x in batched(c, ok, groups, mask)], axis=2)  # [3, 2, 2, ...]
   np.testing.assert_array_equal(got, np.stack(want))
   vmapped = jax.jit(jax.vmap(jax.vmap(
-      lambda c, k, g, m: _sweep.bucket_sums(c, k, st, m, groups=g, num_groups=3))))
+      lambda c, k, g, m: _sweep.bucket_sums(c, k, st, m, groups=g, num_groups=3,
+                                            kernels=kernels))))
   got = np.stack([np.asarray(x) for x in vmapped(c, ok, groups, mask)], axis=2)
   np.testing.assert_array_equal(got, np.stack(want))
 

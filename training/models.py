@@ -46,10 +46,16 @@ from jax import lax
 
 
 class ConvBlock(nnx.Module):
-  """``num_convs`` x (3x3 conv, batch norm, ReLU), then 2x2 max pooling."""
+  """``num_convs`` x (3x3 conv, batch norm, ReLU), then 2x2 max pooling.
+
+  With ``fused_norm_relu_pool`` (the default) the last batch norm, ReLU and the
+  pooling are one op with its own gradient (:func:`norm_relu_max_pool`); False
+  runs them as three ops (the same values up to float rounding).
+  """
 
   def __init__(self, in_features: int, out_features: int, *, num_convs: int = 1,
-               rngs: nnx.Rngs):
+               fused_norm_relu_pool: bool = True, rngs: nnx.Rngs):
+    self.fused_norm_relu_pool = fused_norm_relu_pool
     self.convs = nnx.List()
     self.norms = nnx.List()
     for i in range(num_convs):
@@ -62,7 +68,7 @@ class ConvBlock(nnx.Module):
     *inner, (conv, norm) = zip(self.convs, self.norms)
     for c, n in inner:
       x = jax.nn.relu(n(c(x)))
-    if not FUSED_NORM_RELU_POOL:
+    if not self.fused_norm_relu_pool:
       return max_pool_2x2(jax.nn.relu(norm(conv(x))))
     x = conv(x)
     return norm_relu_max_pool(x, *_batch_statistics(norm, x), norm.scale[...], norm.bias[...],
@@ -107,15 +113,17 @@ ODD_CHANNELS_PADDED = True
 
 def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
                          rhs_dilation=None, dimension_numbers=None, feature_group_count=1,
-                         precision=None, **kwargs):
+                         precision=None, *,
+                         matmul_max_channels: int = MATMUL_FILTER_GRADIENT_MAX_CHANNELS,
+                         **kwargs):
   """``lax.conv_general_dilated`` (``nnx.Conv``'s hook), with a faster filter gradient.
 
   A float32 NHWC / HWIO 'SAME' convolution with stride 1, no dilation, one
-  group and at most :data:`MATMUL_FILTER_GRADIENT_MAX_CHANNELS` input channels
-  gets lax's forward pass and input gradient (of the operands with a channel of
-  zeros added when their number is odd, see :func:`_conv`), and its filter
-  gradient from :func:`_filter_gradient` (equal to XLA's up to float rounding).
-  Anything else is ``lax.conv_general_dilated`` itself.
+  group and at most ``matmul_max_channels`` input channels (by default
+  :data:`MATMUL_FILTER_GRADIENT_MAX_CHANNELS`) gets lax's forward pass and input
+  gradient (of the operands with a channel of zeros added when their number is
+  odd, see :func:`_conv`), and its filter gradient from :func:`_filter_gradient`
+  (equal to XLA's up to float rounding). Anything else is ``lax.conv_general_dilated`` itself.
   """
   ones = (None, 1, (1, 1))
   applies = (
@@ -124,7 +132,7 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
       and precision is None and not kwargs.get("preferred_element_type")
       and kwargs.get("out_sharding") is None
       and lhs.dtype == rhs.dtype == jnp.float32
-      and lhs.shape[-1] <= MATMUL_FILTER_GRADIENT_MAX_CHANNELS
+      and lhs.shape[-1] <= matmul_max_channels
       and rhs.shape[0] % 2 == 1 and rhs.shape[1] % 2 == 1
       and dimension_numbers == lax.conv_dimension_numbers(lhs.shape, rhs.shape,
                                                           ("NHWC", "HWIO", "NHWC")))
@@ -183,11 +191,6 @@ def _filter_gradient(x: jax.Array, g: jax.Array, kh: int, kw: int) -> jax.Array:
   shifted = jnp.stack([padded[:, :, i:i + h, j:j + w] for i in range(kh) for j in range(kw)])
   grad = shifted.reshape(kh * kw * ci, n * h * w) @ g.reshape(n * h * w, -1)
   return grad.reshape(kh, kw, ci, -1)
-
-
-# Whether a block's last batch norm, ReLU and 2x2 max pooling are one op with its own gradient
-# (:func:`norm_relu_max_pool`) instead of three.
-FUSED_NORM_RELU_POOL = True
 
 
 def _windows(x: jax.Array) -> jax.Array:
@@ -275,6 +278,8 @@ class MnistCNN(nnx.Module):
     convs_per_block: conv layers in the two blocks (default (1, 2): the
       28x28 block has one conv, the 14x14 block two).
     dropout_rate: dropout before the last layer (active in ``train()`` mode).
+    fused_norm_relu_pool: each block ends with one fused op (see
+      :class:`ConvBlock`).
     rngs: ``nnx.Rngs`` with ``params`` and ``dropout`` streams (a plain
       ``nnx.Rngs(seed)`` provides both).
 
@@ -288,12 +293,14 @@ class MnistCNN(nnx.Module):
   """
 
   def __init__(self, *, num_classes: int = 10, convs_per_block: Sequence[int] = (1, 2),
-               dropout_rate: float = 0.4, rngs: nnx.Rngs):
+               dropout_rate: float = 0.4, fused_norm_relu_pool: bool = True, rngs: nnx.Rngs):
     if len(convs_per_block) != 2 or min(convs_per_block) < 1:
       raise ValueError(
           f"convs_per_block must be two positive integers, got {tuple(convs_per_block)}")
-    self.block1 = ConvBlock(1, 32, num_convs=convs_per_block[0], rngs=rngs)
-    self.block2 = ConvBlock(32, 64, num_convs=convs_per_block[1], rngs=rngs)
+    self.block1 = ConvBlock(1, 32, num_convs=convs_per_block[0],
+                            fused_norm_relu_pool=fused_norm_relu_pool, rngs=rngs)
+    self.block2 = ConvBlock(32, 64, num_convs=convs_per_block[1],
+                            fused_norm_relu_pool=fused_norm_relu_pool, rngs=rngs)
     self.dense = nnx.Linear(7 * 7 * 64, 128, rngs=rngs)
     self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
     self.head = nnx.Linear(128, num_classes, rngs=rngs)
@@ -319,6 +326,8 @@ class Cifar10CNN(nnx.Module):
     convs_per_block: conv layers in each block (default (1, 2, 2): the 32x32
       block has one conv, which keeps the CPU cost down).
     dropout_rate: dropout before the last layer.
+    fused_norm_relu_pool: each block ends with one fused op (see
+      :class:`ConvBlock`).
     rngs: ``nnx.Rngs`` with ``params`` and ``dropout`` streams.
 
   Examples:
@@ -332,7 +341,7 @@ class Cifar10CNN(nnx.Module):
 
   def __init__(self, *, num_classes: int = 10, widths: Sequence[int] = (32, 64, 128),
                convs_per_block: Sequence[int] = (1, 2, 2), dropout_rate: float = 0.3,
-               rngs: nnx.Rngs):
+               fused_norm_relu_pool: bool = True, rngs: nnx.Rngs):
     if len(widths) != 3 or len(convs_per_block) != 3:
       raise ValueError(f"widths and convs_per_block must have 3 entries (one per block), got "
                        f"{tuple(widths)} and {tuple(convs_per_block)}")
@@ -340,7 +349,8 @@ class Cifar10CNN(nnx.Module):
       raise ValueError("widths and convs_per_block must be positive")
     channels = (3, *widths)
     self.blocks = nnx.List([
-        ConvBlock(channels[i], channels[i + 1], num_convs=convs_per_block[i], rngs=rngs)
+        ConvBlock(channels[i], channels[i + 1], num_convs=convs_per_block[i],
+                  fused_norm_relu_pool=fused_norm_relu_pool, rngs=rngs)
         for i in range(3)])
     self.dense = nnx.Linear(widths[-1], 128, rngs=rngs)
     self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)

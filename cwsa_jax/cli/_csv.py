@@ -12,6 +12,9 @@ parsed by one of two paths that accept exactly the same files:
   reference: it either returns the same arrays or raises a
   :class:`~cwsa_jax.cli._util.UserError` naming the file, the line and the cell.
 
+:func:`iter_csv_chunks` takes both (``parsers``); tests pass one of them, to
+compare the fast path with the careful one.
+
 Bytes are decoded as Latin-1 (every byte is valid), so a byte that is not UTF-8
 in a column the kit does not read never rejects the file; only text that is
 shown is decoded as UTF-8: class names must be UTF-8 (a Latin-1 or Windows-1252
@@ -35,6 +38,7 @@ import numpy as np
 from cwsa_jax.cli._util import UserError
 
 DEFAULT_CHUNK_ROWS = 1 << 16
+PARSERS = ("fast", "careful")
 DELIMITERS = (",", ";", "\t", "|")
 CONFIDENCE_SLACK = 1e-6
 LABEL_COLUMNS = ("y_true", "y_pred", "confidence")
@@ -93,7 +97,8 @@ class _LabelKind:
 
 
 def iter_csv_chunks(path: str | os.PathLike, chunk_rows: int = DEFAULT_CHUNK_ROWS, *,
-                    group_by: str | None = None) -> Iterator[CsvChunk]:
+                    group_by: str | None = None,
+                    parsers: tuple[str, ...] = PARSERS) -> Iterator[CsvChunk]:
   """Yields the rows of a predictions CSV in blocks, parsed and checked.
 
   The header (the first non-blank line) names either the columns
@@ -111,6 +116,10 @@ def iter_csv_chunks(path: str | os.PathLike, chunk_rows: int = DEFAULT_CHUNK_ROW
       (fewer where lines are blank; a quoted field that runs over the block's
       last line extends it).
     group_by: a column of group labels to return with the rows.
+    parsers: the block parsers to use, of :data:`PARSERS`: the fast path where
+      it takes a block, else the careful one. With one of them only, a block
+      the fast path gives up on raises ``RuntimeError``, and ``("careful",)``
+      parses every block the reference way.
 
   Yields:
     :class:`CsvChunk` per block with at least one row.
@@ -118,23 +127,28 @@ def iter_csv_chunks(path: str | os.PathLike, chunk_rows: int = DEFAULT_CHUNK_ROW
   Raises:
     UserError: the file cannot be read, has no usable header or no data rows,
       or a row is malformed; the message names the file, the line and the cell.
-    ValueError: ``chunk_rows`` is not a positive integer.
+    ValueError: ``chunk_rows`` is not a positive integer, or ``parsers`` names
+      none or others than :data:`PARSERS`.
   """
   if (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, (int, np.integer))
       or chunk_rows < 1):
     raise ValueError(f"chunk_rows must be a positive integer, got {chunk_rows!r}")
-  return _read(Path(path), int(chunk_rows), group_by)
+  if not parsers or not set(parsers) <= set(PARSERS):
+    raise ValueError(f"parsers must be some of {PARSERS}, got {parsers!r}")
+  return _read(Path(path), int(chunk_rows), group_by, tuple(parsers))
 
 
-def _read(path: Path, chunk_rows: int, group_by: str | None) -> Iterator[CsvChunk]:
+def _read(path: Path, chunk_rows: int, group_by: str | None,
+          parsers: tuple[str, ...]) -> Iterator[CsvChunk]:
   try:
     with open(path, "rb") as f:
-      yield from _chunks(path, f, chunk_rows, group_by)
+      yield from _chunks(path, f, chunk_rows, group_by, parsers)
   except OSError as e:
     raise UserError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
-def _chunks(path: Path, f, chunk_rows: int, group_by: str | None) -> Iterator[CsvChunk]:
+def _chunks(path: Path, f, chunk_rows: int, group_by: str | None,
+            parsers: tuple[str, ...]) -> Iterator[CsvChunk]:
   layout, number = _read_header(path, f, group_by)
   labels = _LabelKind()
   rows = 0
@@ -158,9 +172,12 @@ def _chunks(path: Path, f, chunk_rows: int, group_by: str | None) -> Iterator[Cs
       for i, line in enumerate(lines):
         _check_nul(path, line, first + i)
     chunk = None
-    if b'"' not in block:
+    if "fast" in parsers and b'"' not in block:
       chunk = _fast_block(path, layout, labels, block, lines, first)
     if chunk is None:
+      if "careful" not in parsers:
+        raise RuntimeError(f"{path}: lines {first}-{number}: the fast path gave up on the block "
+                           f"and parsers={parsers!r} has no careful path")
       text = [line.decode("latin-1") for line in lines]
       records = _records(path, text, first, more, layout.delimiter)
       chunk = _careful_block(path, layout, labels, records)
