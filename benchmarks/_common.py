@@ -134,7 +134,7 @@ def emit(name: str, payload: dict, *, table: Sequence[str] = (), out: str | None
     write_json_atomic(out, record)
 
 
-def train_step_setup(config, dataset, mesh):
+def train_step_setup(config, dataset, mesh, *, fused_norm_relu_pool: bool = True):
   """The ``cwsa-jax train`` step of ``config`` on ``mesh``, ready to run: a namespace with
   ``step``, ``graphdef``, ``state`` (model, optimizer and train metrics, on the mesh),
   ``images`` and ``labels`` (the training split, cut to whole batches, on the mesh),
@@ -146,7 +146,8 @@ def train_step_setup(config, dataset, mesh):
   from cwsa_jax.training import train  # noqa: PLC0415
   n = len(dataset.train_labels) // config.batch_size * config.batch_size
   steps_per_epoch = n // config.batch_size
-  model = train.create_model(config, dataset.num_classes)
+  model = train.create_model(config, dataset.num_classes,
+                             fused_norm_relu_pool=fused_norm_relu_pool)
   optimizer = train.create_optimizer(config, model, steps_per_epoch)
   graphdef, state = nnx.split((model, optimizer, train.make_train_metrics()))
   on_mesh = train.replicated(mesh)

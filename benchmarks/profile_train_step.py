@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from cwsa_jax.training import data as data_lib
-from cwsa_jax.training import models, train
+from cwsa_jax.training import train
 from cwsa_jax.training.configs import get_config
 
 # Trace events that are not XLA ops (host-side wrappers, whole executions, waits).
@@ -64,7 +64,6 @@ def main() -> None:
                  "fusions the profile names)")
   args = p.parse_args()
   config = get_config(args.dataset)
-  models.FUSED_NORM_RELU_POOL = not args.unfused
   train.reuse_host_memory()
   devices = train.request_cpu_devices(args.devices, config.batch_size)
   import jax  # noqa: PLC0415 (after the CPU device count is set)
@@ -74,7 +73,7 @@ def main() -> None:
 
   dataset = data_lib.load_dataset(args.dataset)
   mesh = train.data_mesh(devices, config.batch_size)
-  setup = train_step_setup(config, dataset, mesh)
+  setup = train_step_setup(config, dataset, mesh, fused_norm_relu_pool=not args.unfused)
   step, state, images, labels = setup.step, setup.state, setup.images, setup.labels
   order = jax.device_put(data_lib.epoch_permutation(setup.n, seed=0, epoch=0).astype(np.int32),
                          setup.on_mesh)

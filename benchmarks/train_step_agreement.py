@@ -26,7 +26,7 @@ import os
 import sys
 
 from cwsa_jax.training import data as data_lib
-from cwsa_jax.training import models, train
+from cwsa_jax.training import train
 from cwsa_jax.training.configs import get_config
 
 _CHECKPOINTS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
@@ -50,8 +50,8 @@ def main() -> None:
   checkpoints = [s for s in _CHECKPOINTS if s <= args.steps]
 
   def run(devices: int, fused: bool):
-    models.FUSED_NORM_RELU_POOL = fused
-    setup = train_step_setup(config, dataset, train.data_mesh(devices, config.batch_size))
+    setup = train_step_setup(config, dataset, train.data_mesh(devices, config.batch_size),
+                             fused_norm_relu_pool=fused)
     state = setup.state
     losses, params = [], {}
     for b in range(args.steps):

@@ -101,14 +101,17 @@ VALIDATION_STREAM = 2**32 - 1
 # --------------------------------------------------------------------------- model and optimizer
 
 
-def create_model(config: TrainConfig, num_classes: int) -> nnx.Module:
+def create_model(config: TrainConfig, num_classes: int, *,
+                 fused_norm_relu_pool: bool = True) -> nnx.Module:
+  """The model of ``config`` (``fused_norm_relu_pool``: see :class:`models.ConvBlock`)."""
   rngs = nnx.Rngs(params=config.seed, dropout=config.seed + 1)
   sizes = {k: tuple(v) for k, v in (("widths", config.widths),
                                     ("convs_per_block", config.convs_per_block)) if v is not None}
+  options = dict(num_classes=num_classes, fused_norm_relu_pool=fused_norm_relu_pool, rngs=rngs)
   if config.model == "mnist_cnn":
-    return models.MnistCNN(num_classes=num_classes, rngs=rngs, **sizes)
+    return models.MnistCNN(**options, **sizes)
   if config.model == "cifar10_cnn":
-    return models.Cifar10CNN(num_classes=num_classes, rngs=rngs, **sizes)
+    return models.Cifar10CNN(**options, **sizes)
   raise ValueError(f"unknown model {config.model!r}; valid models: mnist_cnn, cifar10_cnn")
 
 
