@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's two commands:
 #   ./dev.sh demo   set up .venv with cwsa-jax[plots] and run the main job (synthetic demo, no data)
-#   ./dev.sh test   set up .venv with cwsa-jax[dev] and run the test suite
+#   ./dev.sh test   set up .venv with cwsa-jax[dev] and run the test suite (CI, CWSA_JAX_SLOW=1: and
+#                   the end-to-end cases marked slow)
 #   ./dev.sh docs   set up .venv with cwsa-jax[dev] and build the documentation into docs/_build/html
 # Extra arguments are passed on (to `cwsa-jax demo`, to pytest or to sphinx-build).
 set -euo pipefail
@@ -59,7 +60,18 @@ case "$cmd" in
     # A crashed worker ends the run (failed) instead of being replaced: a replacement under
     # loadgroup was seen to wait forever for work.
     # --durations=15: every run ends with its slowest tests, so a slow new test shows at once.
-    "$venv/bin/python" -m pytest -n 2 --dist loadfile --max-worker-restart 0 --durations=15 "$@"
+    pytest=("$venv/bin/python" -m pytest -n 2 --dist loadfile --max-worker-restart 0 --durations=15)
+    if [ "$#" -gt 0 ]; then  # the caller chooses the tests (and markers)
+      "${pytest[@]}" "$@"
+      exit
+    fi
+    # The suite, without the end-to-end cases marked slow (whole commands, kills, installs,
+    # notebooks, benchmark smoke runs); CI, or CWSA_JAX_SLOW=1, runs those next.
+    "${pytest[@]}" -m "not slow"
+    if [ -n "${CI:-}" ] || [ "${CWSA_JAX_SLOW:-0}" = 1 ]; then
+      echo "[dev.sh] the end-to-end cases marked slow" >&2
+      "${pytest[@]}" -m slow
+    fi
     ;;
   docs)
     setup dev

@@ -17,6 +17,9 @@ import sys
 
 import pytest
 
+# Runs a benchmark script end to end: left to CI.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CSV_LIBRARIES = {"pyarrow.csv.read_csv", "pyarrow.csv.read_csv(use_threads=False)",

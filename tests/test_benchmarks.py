@@ -26,6 +26,9 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import _common  # noqa: E402
 import numpy_baselines as nb  # noqa: E402
 
+# Every case runs a benchmark script end to end: left to CI (./dev.sh test runs them there).
+pytestmark = pytest.mark.slow
+
 CONVENTIONS = ("step", "trapezoid", "published_code")
 TOL = dict(rtol=1e-12, atol=1e-12)
 

@@ -358,6 +358,7 @@ def test_console_entry_point_prints_one_line_without_traceback(tmp_path):
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the whole demo
 def test_demo_end_to_end(tmp_path, capsys):
   out = tmp_path / "demo"
   stdout = run_ok(["demo", "--out", out, "--seeds", "3", "--n", "400"], capsys)
@@ -400,6 +401,7 @@ def test_demo_default_output_directory(tmp_path, capsys, monkeypatch):
   assert "cwsa-demo-2" in stdout
 
 
+@pytest.mark.slow  # the whole reproduce-paper command
 def test_reproduce_paper_end_to_end(tmp_path, capsys):
   out = tmp_path / "rep"
   stdout = run_ok(["reproduce-paper", "--out", out, "--seeds", "40"], capsys)

@@ -4,6 +4,10 @@ import json
 import os
 import subprocess
 import sys
+import pytest
+
+# Starts a process with several CPU devices: left to CI.
+pytestmark = pytest.mark.slow
 
 HERE = os.path.dirname(__file__)
 

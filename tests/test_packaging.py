@@ -27,7 +27,8 @@ import cwsa_jax as cw
 
 # One xdist worker builds the sdist and wheel once for all these tests (dev.sh runs each file on
 # one worker; the mark does the same under --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("packaging")
+# Builds wheels and installs them into fresh environments: left to CI.
+pytestmark = [pytest.mark.xdist_group("packaging"), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONAL = ("flax", "optax", "tensorflow_datasets", "matplotlib", "PIL", "tqdm", "clu")

@@ -32,6 +32,9 @@ import pytest
 from cwsa_jax import cli
 from cwsa_jax.cli import _interrupt
 
+# Every case starts whole commands and interrupts or kills them: left to CI.
+pytestmark = pytest.mark.slow
+
 ROOT = str(pathlib.Path(__file__).resolve().parents[1])
 MANIFEST = ".cwsa-jax-output.json"
 N = 300

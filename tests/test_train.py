@@ -101,6 +101,7 @@ def _common(data, out, cache):
           "--batch-size", "32", "--seed", "3", "--no-progress"]
 
 
+@pytest.mark.slow  # a training run killed and resumed in subprocesses
 def test_killed_run_resumes_to_identical_results(tiny_mnist, tmp_path):
   cache = tmp_path / "cache"
   straight = _train(_common(tiny_mnist, tmp_path / "a", cache), cache)

@@ -13,6 +13,10 @@ import json
 import os
 import subprocess
 import sys
+import pytest
+
+# Starts training runs on several CPU devices: left to CI.
+pytestmark = pytest.mark.slow
 
 
 def test_two_cpu_devices_take_the_steps_of_one():
