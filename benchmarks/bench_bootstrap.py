@@ -33,7 +33,8 @@ from _common import best_time, emit  # noqa: E402
 from bench_sweep import make_data, numpy_loop  # noqa: E402
 
 from cwsa_jax import sweep  # noqa: E402
-from cwsa_jax._bootstrap import _ci_jit, bootstrap_ci, bootstrap_sweep  # noqa: E402
+from cwsa_jax._bootstrap import bootstrap_ci, bootstrap_sweep  # noqa: E402
+from cwsa_jax._bootstrap._api import _ci_jit  # noqa: E402
 
 THRESHOLDS = np.linspace(0.5, 0.99, 50).astype(np.float32)
 

@@ -150,11 +150,11 @@ def worker(out: str, process_id: int, port: int, n: int) -> None:
 
 def merge_collectives(state) -> dict:
   """The collective ops (and their shapes) in the compiled HLO of process_merge's all-reduce."""
-  from cwsa_jax import streaming
+  from cwsa_jax._states import _merge
   count = jax.process_count()
   devices = tuple(jax.local_devices(process_index=p)[0] for p in range(count))
-  mesh, reduce = streaming._process_reducer(devices)
-  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(streaming._PROCESS_AXIS))
+  mesh, reduce = _merge._process_reducer(devices)
+  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(_merge._PROCESS_AXIS))
   local = devices[jax.process_index()]
   stacked = jax.tree.map(lambda x: jax.make_array_from_single_device_arrays(
       (count,) + np.shape(x), rows, [jax.device_put(np.asarray(x)[None], local)]), state)

@@ -28,7 +28,7 @@ n = 1e5 against a NumPy loop over models and a batched NumPy sweep);
 ``bootstrap_sweep`` / ``bootstrap_ci_*`` (1000 resamples at n = 1e5) against
 NumPy bootstraps that bucket or sort once and treat each resample as
 multiplicities. Their check reproduces the kit's own resamples
-(``cwsa_jax._bootstrap._resample_indices``) in NumPy on fewer resamples; the
+(``cwsa_jax._bootstrap._sampler._resample_indices``) in NumPy on fewer resamples; the
 timed NumPy runs draw their own (``np.random.default_rng``).
 
 Prints a short table on stderr and JSON on stdout; ``--out`` also writes the
@@ -253,7 +253,7 @@ def bootstrap_cases(n: int, num_resamples: int, check_resamples: int, only) -> l
   jth = jax.device_put(th)
   key = jax.random.key(0)
   try:
-    from cwsa_jax._bootstrap import _resample_indices
+    from cwsa_jax._bootstrap._sampler import _resample_indices
     indices = np.asarray(_resample_indices(key, n, check_resamples))
   except Exception as e:  # noqa: BLE001 - a private helper of the kit; the check degrades
     indices, note = None, f"kit's resample indices unavailable ({e!r}): estimates compared only"

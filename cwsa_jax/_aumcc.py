@@ -39,7 +39,12 @@ AXES = ("coverage", "threshold")
 
 
 @functools.partial(jax.jit, static_argnames=("axis",))
-def _area(thresholds, coverage, values, *, axis):
+def area(thresholds, coverage, values, *, axis):
+  """AUMCC of computed sweep fields: ``coverage`` and ``values`` [..., T] at ``thresholds`` [T]
+  (any order), the trapezoid over ``axis``; NaN where no threshold retains a sample.
+
+  Internal surface: the command line's reports use it on sweeps they have computed.
+  """
   order = jnp.argsort(thresholds)
   tau = thresholds[order]
   coverage = coverage[..., order]
@@ -115,7 +120,7 @@ def aumcc(confidences: Any, correct: Any, thresholds: Any, *, metric: str = "cws
   result = sweep(confidences, correct, tau, normalize=normalize)
   # The sweep keeps the input order of the thresholds (its own ``thresholds``
   # field gains the batch axes under vmap, so use the input).
-  area = _area(tau.astype(jnp.float32), result.coverage, getattr(result, metric), axis=axis)
+  value = area(tau.astype(jnp.float32), result.coverage, getattr(result, metric), axis=axis)
   # Coverage is never NaN for valid inputs: NaN marks an invalid row or threshold
   # (under jit/vmap), which must not silently drop out of the curve.
-  return _validation.poison(area, rows=jnp.any(jnp.isnan(result.coverage), axis=-1))
+  return _validation.poison(value, rows=jnp.any(jnp.isnan(result.coverage), axis=-1))

@@ -1,13 +1,16 @@
 """The accelerator forms of the chunked exact sums, run on the CPU: equal to the CPU forms, bit for bit.
 
 ``cwsa_jax._exact.segment_sums`` sums more than one chunk of samples with a loop
-over the chunks on CPU and with every chunk at once elsewhere
-(``_exact._by_platform``). Here the accelerator form is forced on the CPU and
-every kernel built on it must give the same integers, so the same floats.
+over the chunks on CPU and with every chunk at once elsewhere (as
+``_dispatch.Kernels.pick`` picks). Here the internal entry points of the metrics
+are called with ``Kernels(platform="cuda")``, which runs the accelerator forms on
+the CPU (the Pallas kernels through Pallas' interpreter), and every kernel built
+on them must give the same integers, so the same floats, as the CPU forms.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -18,8 +21,77 @@ import pytest
 import cwsa_jax as cj
 import reference
 from cwsa_jax import _calibration
+from cwsa_jax import _dispatch
 from cwsa_jax import _exact
+from cwsa_jax import _select
+from cwsa_jax import _selective
 from cwsa_jax import _sweep
+
+DEFAULT = _dispatch.DEFAULT
+
+
+@dataclasses.dataclass(frozen=True)
+class Recording(_dispatch.Kernels):
+  """Kernels that record the choices they make: ``(site, form)`` of each form :meth:`pick`
+  traced (``lax.platform_dependent`` traces them all; a forced platform only its own), and
+  ``(array, answer)`` of :meth:`on_accelerator`. Each instance equals no other (``token``), so
+  the jitted internals trace it anew and every choice is recorded."""
+
+  picked: list = dataclasses.field(default_factory=list, compare=False, repr=False)
+  asked: list = dataclasses.field(default_factory=list, compare=False, repr=False)
+  token: object = dataclasses.field(default_factory=object, repr=False)
+
+  def pick(self, site, *args, **forms):
+    def traced(name, form):
+      def run(*a):
+        self.picked.append((site, name))
+        return form(*a)
+      return run
+
+    forms = {name: None if f is None else traced(name, f) for name, f in forms.items()}
+    return super().pick(site, *args, **forms)
+
+  def forms(self, site) -> set:
+    """The forms of ``site`` that were traced."""
+    return {name for s, name in self.picked if s == site}
+
+  def on_accelerator(self, x):
+    answer = super().on_accelerator(x)
+    self.asked.append((x, answer))
+    return answer
+
+  def times_asked(self, x) -> int:
+    """How often ``on_accelerator`` was asked about ``x`` (every answer True, as forced)."""
+    answers = [a for y, a in self.asked if y is x]
+    assert all(answers), answers
+    return len(answers)
+
+
+def _sweep_with(kernels, c, k, t, **options):
+  return _sweep._sweep(c, k, t, kernels=kernels, **options)
+
+
+def _ece_with(kernels, c, k, **options):
+  return _calibration._ece(c, k, kernels=kernels, **options)
+
+
+def _bins_with(kernels, c, k, **options):
+  return _calibration._calibration_bins(c, k, kernels=kernels, **options)
+
+
+def _leaves(result) -> list:
+  return jax.tree.leaves(jax.tree.map(np.asarray, result))
+
+
+def _forced_results(kernels_of, name: str, forced: Recording) -> Recording:
+  """Checks the leaves of ``kernels_of(kernels)[name]()`` equal with the default kernels (the
+  CPU forms here) and with ``forced``; returns ``forced`` (what it picked)."""
+  want = _leaves(kernels_of(DEFAULT)[name]())
+  got = _leaves(kernels_of(forced)[name]())
+  assert len(got) == len(want)
+  for a, b in zip(got, want):
+    np.testing.assert_array_equal(a, b)
+  return forced
 
 
 # More than two chunks of 2^18, with a ragged last one.
@@ -35,45 +107,49 @@ T_DENSE = np.linspace(0.0, 0.99, 300).astype(np.float32)
 INVALID_OR_EDGE = np.array([np.nan, np.inf, -np.inf, -0.5, 1.5, 1.0000001, -0.0], np.float32)
 
 
-def _kernels():
+def _kernels(kernels):
   rows_c = np.stack([C[:300_000], C[-300_000:]])
   rows_ok = np.stack([OK[:300_000], OK[-300_000:]])
+  sweep = functools.partial(_sweep_with, kernels)
   return {
-      "sweep": lambda: cj.sweep(C, OK, T),
-      "sweep_dense_grid": lambda: cj.sweep(C, OK, T_DENSE),
-      "sweep_graded_all": lambda: cj.sweep(C, KAPPA, T, normalize="all"),
-      "sweep_by_group": lambda: cj.sweep_by_group(C, OK, GROUPS, T, num_groups=5),
-      "sweep_vmapped_rows": lambda: jax.vmap(lambda c, k: cj.sweep(c, k, T))(rows_c, rows_ok),
+      "sweep": lambda: sweep(C, OK, T),
+      "sweep_dense_grid": lambda: sweep(C, OK, T_DENSE),
+      "sweep_graded_all": lambda: sweep(C, KAPPA, T, normalize="all"),
+      # sweep_by_group's exact sums (its floats are these integers, rounded once)
+      "sweep_by_group": lambda: _group_sums(C, OK, GROUPS, T, kernels),
+      "sweep_vmapped_rows": lambda: jax.vmap(lambda c, k: sweep(c, k, T))(rows_c, rows_ok),
       # rows of at most one chunk: chunks of whole rows, each summed into its rows' own table
-      "sweep_vmapped_small_rows": lambda: jax.vmap(lambda c, k: cj.sweep(c, k, T))(
+      "sweep_vmapped_small_rows": lambda: jax.vmap(lambda c, k: sweep(c, k, T))(
           C[:400_000].reshape(8, -1), OK[:400_000].reshape(8, -1)),
-      "ece_width": lambda: cj.ece(C, OK),
-      "ece_mass_graded": lambda: cj.ece(C, KAPPA, binning="mass"),
-      "calibration_bins": lambda: cj.calibration_bins(C, OK, num_bins=20),
-      "bootstrap_packed_sums": lambda: _packed_sums(C, OK, T),
+      "ece_width": lambda: _ece_with(kernels, C, OK),
+      "ece_mass_graded": lambda: _ece_with(kernels, C, KAPPA, binning="mass"),
+      "calibration_bins": lambda: _bins_with(kernels, C, OK, num_bins=20),
+      "bootstrap_packed_sums": lambda: _packed_sums(C, OK, T, kernels),
   }
 
 
-@jax.jit
-def _packed_sums(c, ok, thresholds):
+@functools.partial(jax.jit, static_argnames=("kernels",))
+def _group_sums(c, ok, groups, thresholds, kernels):
+  """sweep_by_group's per-group bucket sums (``_sweep.bucket_sums`` with groups)."""
+  sorted_t = _sweep.sorted_thresholds(thresholds)[1]
+  return _sweep.bucket_sums(c, ok, sorted_t, groups=groups, num_groups=5, kernels=kernels)
+
+
+@functools.partial(jax.jit, static_argnames=("kernels",))
+def _packed_sums(c, ok, thresholds, kernels):
   """bootstrap_sweep's sums of packed words (_sweep.pack_samples)."""
   sorted_t = _sweep.sorted_thresholds(thresholds)[1]
   words = _sweep.pack_samples(c, ok, _sweep.bucket_ids(c, sorted_t))
-  return _sweep.packed_bucket_sums(words, thresholds.shape[0] + 1)
+  return _sweep.packed_bucket_sums(words, thresholds.shape[0] + 1, kernels=kernels)
 
 
-@pytest.mark.parametrize("name", list(_kernels()))
-def test_accelerator_form_equals_cpu_form(name, monkeypatch):
-  want = jax.tree.map(np.asarray, _kernels()[name]())
-  monkeypatch.setattr(_exact, "_by_platform", lambda *args, cpu, default: default(*args))
-  jax.clear_caches()  # retrace: the jitted kernels were compiled with the CPU form
-  try:
-    got = jax.tree.map(np.asarray, _kernels()[name]())
-  finally:
-    jax.clear_caches()
-  assert jax.tree.structure(got) == jax.tree.structure(want)
-  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_array_equal(a, b)
+@pytest.mark.parametrize("name", list(_kernels(DEFAULT)))
+def test_accelerator_form_equals_cpu_form(name):
+  # The accelerators' forms (the exact sums, the sorts, the eager checks); the CUDA kernels
+  # that would replace the exact sums are off here (their own tests are below).
+  forced = Recording(platform="cuda", dense=False, sorted_sums=False)
+  # the accelerators' form (the "default" branch) and only it
+  assert _forced_results(_kernels, name, forced).forms("exact") == {"default"}
 
 
 def test_segment_sums_forms_agree_on_raw_columns():
@@ -100,81 +176,64 @@ def test_segment_sums_forms_agree_on_raw_columns():
     np.testing.assert_array_equal(np.asarray(hi, np.int64) * 4096 + np.asarray(lo), want)
 
 
-def _dense_kernels():
+def _coverage_with(kernels, c, tau):
+  """:func:`cwsa_jax.coverage` with these kernels."""
+  return _selective._metrics(c, jnp.ones(c.shape, jnp.bool_), tau, kernels=kernels).coverage
+
+
+def _dense_kernels(kernels):
+  sweep = functools.partial(_sweep_with, kernels)
+  ece = functools.partial(_ece_with, kernels)
   return {
-      "sweep": lambda: cj.sweep(C, OK, T),
-      "sweep_default_grid": lambda: cj.sweep(C, OK, cj.default_thresholds()),
-      "sweep_unsorted_nan_threshold": lambda: jax.jit(cj.sweep)(
+      "sweep": lambda: sweep(C, OK, T),
+      "sweep_default_grid": lambda: sweep(C, OK, cj.default_thresholds()),
+      "sweep_unsorted_nan_threshold": lambda: jax.jit(sweep)(
           C, OK, jnp.asarray([0.7, jnp.nan, 0.2, 0.7], jnp.float32)),
-      "coverage_one_threshold": lambda: cj.coverage(C, 0.5),
-      "select_threshold": lambda: cj.select_threshold(C, OK, min_coverage=0.5),
-      "ece_width": lambda: cj.ece(C, OK),
-      "ece_mass": lambda: cj.ece(C, OK, binning="mass"),
-      "calibration_bins_63": lambda: cj.calibration_bins(C, OK, num_bins=63),
-      "ece_vmapped": lambda: jax.vmap(cj.ece)(C[:300_000].reshape(3, -1), OK[:300_000].reshape(3, -1)),
+      "coverage_one_threshold": lambda: _coverage_with(kernels, C, 0.5),
+      "select_threshold": lambda: _select._select_threshold(C, OK, min_coverage=0.5,
+                                                            kernels=kernels),
+      "ece_width": lambda: ece(C, OK),
+      "ece_mass": lambda: ece(C, OK, binning="mass"),
+      "calibration_bins_63": lambda: _bins_with(kernels, C, OK, num_bins=63),
+      "ece_vmapped": lambda: jax.vmap(ece)(C[:300_000].reshape(3, -1), OK[:300_000].reshape(3, -1)),
       # rows of samples: one launch, each row summed on its own
-      "sweep_vmapped_rows": lambda: jax.vmap(lambda c, k: cj.sweep(c, k, T))(
+      "sweep_vmapped_rows": lambda: jax.vmap(lambda c, k: sweep(c, k, T))(
           C[:300_000].reshape(3, -1), OK[:300_000].reshape(3, -1)),
-      "sweep_rows_of_small_n": lambda: jax.vmap(lambda c, k: cj.sweep(c, k, T))(
+      "sweep_rows_of_small_n": lambda: jax.vmap(lambda c, k: sweep(c, k, T))(
           C[:1000].reshape(40, -1), OK[:1000].reshape(40, -1)),
-      "sweep_graded_keeps_scatter": lambda: cj.sweep(C, KAPPA, T),
+      "sweep_graded_keeps_scatter": lambda: sweep(C, KAPPA, T),
       # the bins of the accelerators' eager check: both forms leave out the same confidences
       "bin_sums_drop_invalid": lambda: jax.jit(functools.partial(
-          _calibration.bin_sums, drop_invalid=True))(
+          _calibration.bin_sums, drop_invalid=True, kernels=kernels))(
               jnp.asarray(np.concatenate([INVALID_OR_EDGE, C[:20_000]])),
               jnp.asarray(np.concatenate([np.ones(7, bool), OK[:20_000]])),
               _calibration.width_edges(15)),
       # derivatives: no tangent reaches the kernel (its sums are integers)
-      "ece_gradient": lambda: jax.grad(lambda c: cj.ece(c, OK[:5000]))(jnp.asarray(C[:5000])),
-      "sweep_jacobian": lambda: jax.jacfwd(lambda c: cj.sweep(c, OK[:500], T).cwsa)(
+      "ece_gradient": lambda: jax.grad(lambda c: ece(c, OK[:5000]))(jnp.asarray(C[:5000])),
+      "sweep_jacobian": lambda: jax.jacfwd(lambda c: sweep(c, OK[:500], T).cwsa)(
           jnp.asarray(C[:500])),
   }
 
 
-def _cuda_form_results(module, kernel, monkeypatch, attr: str = "_by_platform") -> list:
-  """Checks the leaves of ``kernel()`` equal on the CPU form and with the CUDA form of
-  ``module.attr`` (a ``platform_dependent``) forced; returns the traced calls of that form."""
-  want = jax.tree.leaves(jax.tree.map(np.asarray, kernel()))
-  calls = []
-
-  def cuda_form(*args, cuda, default):
-    calls.append(1)
-    return cuda(*args)
-
-  monkeypatch.setattr(module, attr, cuda_form)
-  jax.clear_caches()  # retrace: the jitted kernels were compiled with the CPU form
-  try:
-    got = jax.tree.leaves(jax.tree.map(np.asarray, kernel()))
-  finally:
-    jax.clear_caches()
-  assert len(got) == len(want)
-  for a, b in zip(got, want):
-    np.testing.assert_array_equal(a, b)
-  return calls
-
-
-@pytest.mark.parametrize("name", list(_dense_kernels()))
-def test_dense_gpu_form_equals_cpu_form(name, monkeypatch):
+@pytest.mark.parametrize("name", list(_dense_kernels(DEFAULT)))
+def test_dense_gpu_form_equals_cpu_form(name):
   """The CUDA kernel of ``_dense`` (through Pallas' interpreter) gives the scatter path's integers."""
-  from cwsa_jax import _dense
   # every way of building the operands (_dense.FORMS) on some of the kernels
   form = {"calibration_bins_63": "bits", "sweep_default_grid": "unrolled",
           "sweep_unsorted_nan_threshold": "bits", "sweep": "lanes", "ece_width": "lanes",
           "sweep_rows_of_small_n": "lanes", "ece_vmapped": "unrolled",
           "select_threshold": "unrolled"}.get(name, "bits")
-  monkeypatch.setattr(_dense, "FORM", form)
-  monkeypatch.setattr(_dense, "INTERPRET", True)
-  calls = _cuda_form_results(_dense, _dense_kernels()[name], monkeypatch)
-  assert bool(calls) == (name != "sweep_graded_keeps_scatter")
+  forced = Recording(platform="cuda", interpret=True, dense_form=form)
+  dense = _forced_results(_dense_kernels, name, forced).forms("dense")
+  assert dense == (set() if name == "sweep_graded_keeps_scatter" else {"cuda"})
 
 
-def test_dense_bucket_sums_equal_scatter_sums_on_random_draws(monkeypatch):
+def test_dense_bucket_sums_equal_scatter_sums_on_random_draws():
   """Random sizes, grids (ties, samples on thresholds, 0 and 1), rows, launch shapes and
   confidences NaN or outside [0, 1]:
   ``_dense.bucket_sums`` (interpreted) gives the scatter path's integers."""
-  import functools
   from cwsa_jax import _dense
-  monkeypatch.setattr(_dense, "INTERPRET", True)
+  interpreted = _dispatch.Kernels(interpret=True)
   scatter = jax.jit(functools.partial(_sweep._bucket_sums_impl, num_groups=None, masked=False,
                                       given=False, drop_invalid=True, dense=False))
   rng = np.random.default_rng(5)
@@ -191,7 +250,7 @@ def test_dense_bucket_sums_equal_scatter_sums_on_random_draws(monkeypatch):
       c.flat[rng.integers(0, c.size, 4)] = rng.choice(INVALID_OR_EDGE, 4)
     # 512 samples per step: "unrolled" loads them 128 at a time (4 loads per step)
     dense = _dense.bucket_sums(jnp.asarray(c), jnp.asarray(ok), jnp.asarray(t), unit=True,
-                               form=form, block=int(rng.choice([128, 512])),
+                               kernels=interpreted, form=form, block=int(rng.choice([128, 512])),
                                per_program=int(rng.choice([128, 512, 1 << 16])))
     want = scatter(jnp.asarray(c), jnp.asarray(ok), jnp.asarray(t))
     for a, b in zip(dense, want):
@@ -201,27 +260,28 @@ def test_dense_bucket_sums_equal_scatter_sums_on_random_draws(monkeypatch):
 T_MANY = np.concatenate([np.linspace(0.0, 0.99, 99), [0.5, 0.5]]).astype(np.float32)
 
 
-def _sorted_kernels():
+def _sorted_kernels(kernels):
+  sweep = functools.partial(_sweep_with, kernels)
   return {
-      "sweep_65": lambda: cj.sweep(C, OK, np.linspace(0.3, 0.95, 65).astype(np.float32)),
-      "sweep_dense_grid": lambda: cj.sweep(C, OK, T_DENSE),
-      "sweep_ties_unsorted_nan": lambda: jax.jit(cj.sweep)(
+      "sweep_65": lambda: sweep(C, OK, np.linspace(0.3, 0.95, 65).astype(np.float32)),
+      "sweep_dense_grid": lambda: sweep(C, OK, T_DENSE),
+      "sweep_ties_unsorted_nan": lambda: jax.jit(sweep)(
           C, OK, jnp.asarray(np.concatenate([T_MANY[::-1], [np.nan, 1.5, -0.5]]))),
-      "select_threshold": lambda: cj.select_threshold(C, OK, thresholds=T_MANY, min_coverage=0.5),
-      "sweep_jacobian": lambda: jax.jacfwd(lambda c: cj.sweep(c, OK[:300], T_MANY).cwsa)(
+      "select_threshold": lambda: _select._select_threshold(C, OK, thresholds=T_MANY,
+                                                            min_coverage=0.5, kernels=kernels),
+      "sweep_jacobian": lambda: jax.jacfwd(lambda c: sweep(c, OK[:300], T_MANY).cwsa)(
           jnp.asarray(C[:300])),
-      "sweep_vmapped_keeps_scatter": lambda: jax.vmap(lambda c, k: cj.sweep(c, k, T_MANY))(
+      "sweep_vmapped_keeps_scatter": lambda: jax.vmap(lambda c, k: sweep(c, k, T_MANY))(
           C[:300_000].reshape(3, -1), OK[:300_000].reshape(3, -1)),
   }
 
 
-@pytest.mark.parametrize("name", list(_sorted_kernels()))
-def test_sorted_gpu_form_equals_cpu_form(name, monkeypatch):
+@pytest.mark.parametrize("name", list(_sorted_kernels(DEFAULT)))
+def test_sorted_gpu_form_equals_cpu_form(name):
   """The CUDA form of ``_sorted_sums`` (one sort, prefix sums) gives the scatter path's integers."""
-  from cwsa_jax import _sorted_sums
-  calls = _cuda_form_results(_sorted_sums, _sorted_kernels()[name], monkeypatch)
+  forced = _forced_results(_sorted_kernels, name, Recording(platform="cuda", dense=False))
   # (vmapped: custom_vmap also traces the unbatched form, which is then not run)
-  assert calls or name == "sweep_vmapped_keeps_scatter"
+  assert forced.forms("sorted_sums") == {"cuda"} or name == "sweep_vmapped_keeps_scatter"
 
 
 def test_sorted_bucket_sums_equal_scatter_sums_on_random_draws():
@@ -247,12 +307,14 @@ def test_sorted_bucket_sums_equal_scatter_sums_on_random_draws():
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"n = {n}")
 
 
-def test_mass_binned_ece_cuda_form_equals_cpu_form(monkeypatch):
+def test_mass_binned_ece_cuda_form_equals_cpu_form():
   """Equal-mass edges by one sort (the CUDA form of ``_sort.order_statistics``): the same bins."""
-  from cwsa_jax import _sort
-  kernel = lambda: (cj.ece(C, OK, binning="mass"),  # noqa: E731
-                    cj.calibration_bins(C, KAPPA, binning="mass", num_bins=20))
-  assert _cuda_form_results(_sort, kernel, monkeypatch, attr="_select_by_platform")
+  def kernels_of(kernels):
+    return {"mass": lambda: (_ece_with(kernels, C, OK, binning="mass"),
+                             _bins_with(kernels, C, KAPPA, binning="mass", num_bins=20))}
+
+  forced = _forced_results(kernels_of, "mass", Recording(platform="cuda", dense=False))
+  assert forced.forms("select") == {"cuda"}
 
 
 def _tile_case(rng, n, kind):
@@ -278,7 +340,7 @@ def test_group_areas_equal_reference_across_tiles(convention, monkeypatch):
   and all correct or all wrong; exactly 0 for an optimal order."""
   import functools
   from cwsa_jax import _group_areas
-  from cwsa_jax import _risk_coverage as rc
+  from cwsa_jax import _risk_coverage_kernels as rc
   monkeypatch.setattr(_group_areas, "INTERPRET", True)
   tiles = jax.jit(functools.partial(rc._summary_by_tiles, convention=convention,
                                     with_eaurc=True))
@@ -313,7 +375,7 @@ def test_aurc_cuda_form_equals_cpu_form(monkeypatch):
   ``_group_areas``) forced, batched rows included: the CPU form's values to float32 rounding;
   graded correctness and the "published_code" convention keep the parallel scan."""
   from cwsa_jax import _group_areas
-  from cwsa_jax import _risk_coverage as rc
+  from cwsa_jax import _risk_coverage_kernels as rc
   monkeypatch.setattr(_group_areas, "INTERPRET", True)
   c2 = C[:6000].reshape(2, -1)
   ok2 = OK[:6000].reshape(2, -1)
@@ -397,39 +459,36 @@ def test_unrolled_kernel_issues_several_loads_per_step_and_skips_padding_rows():
   assert counts[0] < counts[1]
 
 
-def _as_on_accelerator(monkeypatch):
-  """Concrete JAX arrays are treated as on an accelerator (the eager path a GPU takes)."""
-  from cwsa_jax import _validation
-  monkeypatch.setattr(_validation, "_on_accelerator", lambda x: isinstance(x, jax.Array))
-  return _validation
+def _on_accelerator():
+  """Kernels that treat concrete arrays as on an accelerator (the eager path a GPU takes), with
+  the kernels' CPU forms."""
+  return Recording(platform="cuda", dense=False, sorted_sums=False)
 
 
 # The eager metrics that check confidences by their kernel's count on an accelerator.
 _COUNTED = {
-    "sweep": lambda c, k: cj.sweep(c, k, T),
-    "ece_width": lambda c, k: cj.ece(c, k),
-    "ece_mass_l2": lambda c, k: cj.ece(c, k, binning="mass", norm="l2"),
-    "calibration_bins": lambda c, k: cj.calibration_bins(c, k, num_bins=10),
+    "sweep": lambda c, k, kernels: _sweep_with(kernels, c, k, T),
+    "ece_width": lambda c, k, kernels: _ece_with(kernels, c, k),
+    "ece_mass_l2": lambda c, k, kernels: _ece_with(kernels, c, k, binning="mass", norm="l2"),
+    "calibration_bins": lambda c, k, kernels: _bins_with(kernels, c, k, num_bins=10),
 }
 
 
 @pytest.mark.parametrize("graded", [False, True])
 @pytest.mark.parametrize("name", list(_COUNTED))
-def test_eager_metrics_on_an_accelerator_check_by_the_kernels_count(name, graded, monkeypatch):
+def test_eager_metrics_on_an_accelerator_check_by_the_kernels_count(name, graded):
   """On an accelerator an eager sweep, ECE or calibration_bins makes no pass of its own over
   the confidences (the kernel's kept count checks them): the same results, bit for bit, for
   valid samples."""
   rng = np.random.default_rng(3)
   c = jnp.asarray(np.round(rng.random((2, 5000)), 2).astype(np.float32))
   ok = jnp.asarray(rng.random((2, 5000)).astype(np.float32) if graded else rng.random((2, 5000)) < 0.7)
-  want = _COUNTED[name](c, ok)
-  validation = _as_on_accelerator(monkeypatch)
-  checked = []
-  check = validation.check_finite_in_unit_interval
-  monkeypatch.setattr(validation, "check_finite_in_unit_interval",
-                      lambda x, name, **kw: checked.append(name) or check(x, name, **kw))
-  got = _COUNTED[name](c, ok)
-  assert "confidences" not in checked
+  want = _COUNTED[name](c, ok, DEFAULT)
+  on_device = _on_accelerator()
+  got = _COUNTED[name](c, ok, on_device)
+  # Asked once where the confidences are (deferring them to the kernel), never again: a check
+  # of their own would reduce them where they live, asking again.
+  assert on_device.times_asked(c) == 1
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -438,19 +497,21 @@ def test_eager_metrics_on_an_accelerator_check_by_the_kernels_count(name, graded
                                          (1.5, r"must lie in \[0, 1\]"),
                                          (-0.25, r"must lie in \[0, 1\]")])
 @pytest.mark.parametrize("name", list(_COUNTED))
-def test_eager_metrics_on_an_accelerator_still_raise_on_invalid_confidences(name, bad, message,
-                                                                             monkeypatch):
+def test_eager_metrics_on_an_accelerator_still_raise_on_invalid_confidences(name, bad, message):
   """The kernel leaves the invalid confidence out; the metric then raises the error the check
   beforehand gave (here in the second row of two)."""
   c = np.full((2, 100), 0.6, np.float32)
   c[1, 17] = bad
-  _as_on_accelerator(monkeypatch)
+  c = jnp.asarray(c)
+  on_device = _on_accelerator()
   with pytest.raises(ValueError, match=message):
-    _COUNTED[name](jnp.asarray(c), jnp.asarray(c > 0.5))
+    _COUNTED[name](c, c > 0.5, on_device)
+  # deferred to the kernel, then checked (where they live) once a row lost a sample
+  assert on_device.times_asked(c) == 2
 
 
 @pytest.mark.parametrize("live", [32, 51])
-def test_unrolled_shares_64_rows_evenly(live, monkeypatch):
+def test_unrolled_shares_64_rows_evenly(live):
   """64 mask rows with ``live`` of them holding samples: "unrolled", which gives each program
   its share of the live rows (32: one program, no padding row in it; 51: two of 26) and lays
   their sums back in row order, gives the product form's per-bucket sums, and 0 past ``live``."""
@@ -460,10 +521,11 @@ def test_unrolled_shares_64_rows_evenly(live, monkeypatch):
   ok = jnp.asarray(rng.random((2, 700)) < 0.6)
   inner = np.sort(rng.random(live - 1)).astype(np.float32)
   rows = jnp.asarray(np.concatenate([[-np.inf], inner, np.full(64 - live, np.inf)]), jnp.float32)
-  monkeypatch.setattr(_dense, "INTERPRET", True)
+  interpreted = _dispatch.Kernels(interpret=True)
   got = _dense.row_sums(c, ok, rows, unit=True, form="unrolled", block=128, per_program=512,
-                        live=live)
-  want = _dense.row_sums(c, ok, rows, unit=True, form="bits", block=128, per_program=512)
+                        live=live, kernels=interpreted)
+  want = _dense.row_sums(c, ok, rows, unit=True, form="bits", block=128, per_program=512,
+                         kernels=interpreted)
   # (the forms lay out their digit columns differently: compared as per-bucket sums)
   for a, b in zip(_dense._bucket_table(got, live), _dense._bucket_table(want, live)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

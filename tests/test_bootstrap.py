@@ -16,9 +16,9 @@ from jax.extend.random import threefry_2x32
 import reference
 from cwsa_jax import (SweepResult, aurc, augrc, cwsa, cwsa_plus, eaurc, ece, risk_coverage_summary,
                       selective_accuracy, sweep)
-from cwsa_jax._bootstrap import (BootstrapResult, PairedBootstrapResult, _resample_indices,
-                                 _scale, _threefry2x32, bootstrap_ci, bootstrap_samples,
-                                 bootstrap_sweep, paired_bootstrap)
+from cwsa_jax._bootstrap import (BootstrapResult, PairedBootstrapResult, bootstrap_ci,
+                                 bootstrap_samples, bootstrap_sweep, paired_bootstrap)
+from cwsa_jax._bootstrap._sampler import _resample_indices, _scale, _threefry2x32
 
 ATOL = 2e-6
 N = 400  # one sample size (and 4 N) throughout: each new shape is a new compilation
@@ -188,7 +188,7 @@ def test_interval_bounds_are_numpys_linear_quantiles_and_exact_for_constants(lev
   """The bounds interpolate as NumPy does, x_(j) + t (x_(j+1) - x_(j)): a value equal in
   every resample (a sweep's thresholds, a metric of ties) is its own interval bit for bit,
   whether or not the compiler fuses the interpolation into multiply-adds."""
-  from cwsa_jax._bootstrap import _percentiles
+  from cwsa_jax._bootstrap._intervals import _percentiles
   rng = np.random.default_rng(3)
   x = rng.normal(size=(B, 6)).astype(np.float32)
   x[:, 1] = np.round(x[:, 1], 1)  # ties between order statistics
@@ -315,12 +315,12 @@ def test_paired_bootstrap_buckets_each_model_once(fn, generic):
   # The forms bootstrap_ci buckets once: the same differences, intervals and p-values as the
   # generic path (to float32 rounding), exact zeros for identical models, and a graded model
   # beside a boolean one (the sweep: two layouts) or the generic path (the ECE).
-  from cwsa_jax import _bootstrap
+  from cwsa_jax._bootstrap import _fast_forms
   c_a, ok_a = data(seed=12)
   c_b = np.clip(c_a + np.random.default_rng(13).normal(0, 0.1, N), 0, 1).astype(np.float32)
   ok_b = ok_a.copy()
   ok_b[:30] = ~ok_b[:30]
-  assert _bootstrap._fast_form(fn, jnp.asarray(c_a), jnp.asarray(ok_a)) is not None
+  assert _fast_forms._fast_form(fn, jnp.asarray(c_a), jnp.asarray(ok_a)) is not None
   fast = paired_bootstrap(fn, c_a, ok_a, c_b, ok_b, key=KEY, num_resamples=B)
   slow = paired_bootstrap(generic, c_a, ok_a, c_b, ok_b, key=KEY, num_resamples=B)
   for name in ("estimate_a", "estimate_b", "difference", "low", "high"):
@@ -399,12 +399,12 @@ def test_bootstrap_sweep_equals_generic_bootstrap_of_sweep(graded):
 
 def _ece_samples(fn, c, ok, num):
   """The resampled values of ``bootstrap_ci(fn, ...)``'s path for the first ``num`` resamples."""
-  from cwsa_jax import _bootstrap
-  form = _bootstrap._fast_form(fn, jnp.asarray(c), jnp.asarray(ok))
+  from cwsa_jax._bootstrap import _api, _fast_forms
+  form = _fast_forms._fast_form(fn, jnp.asarray(c), jnp.asarray(ok))
   if form is None:
-    return np.asarray(_bootstrap._block_jit(fn, jnp.asarray(c), jnp.asarray(ok), KEY,
-                                            jnp.uint32(0), 1, num))
-  return np.asarray(_bootstrap._fast_block_jit(form, KEY, jnp.uint32(0), 1, num))
+    return np.asarray(_api._block_jit(fn, jnp.asarray(c), jnp.asarray(ok), KEY,
+                                      jnp.uint32(0), 1, num))
+  return np.asarray(_fast_forms._fast_block_jit(form, KEY, jnp.uint32(0), 1, num))
 
 
 @pytest.mark.parametrize("options", [{}, {"num_bins": 10, "norm": "l2"},
@@ -416,8 +416,8 @@ def test_bootstrap_ci_of_ece_buckets_once_with_the_same_values(options):
   c[:6] = [0.0, 1.0, 0.1, 0.2, 0.5, 1.0 / 15.0]
   fn = functools.partial(ece, **options)
   generic = lambda a, b: ece(a, b, **options)  # noqa: E731
-  from cwsa_jax import _bootstrap
-  assert _bootstrap._ece_options(fn) is not None and _bootstrap._ece_options(generic) is None
+  from cwsa_jax._bootstrap import _fast_forms
+  assert _fast_forms._ece_options(fn) is not None and _fast_forms._ece_options(generic) is None
   np.testing.assert_array_equal(_ece_samples(fn, c, ok, 40), _ece_samples(generic, c, ok, 40))
   idx = np.asarray(_resample_indices(KEY, N, 40))
   want = [reference.ece(c[i], ok[i], options.get("num_bins", 15), options.get("norm", "l1"))
@@ -435,8 +435,8 @@ def test_bootstrap_ci_of_ece_buckets_once_with_the_same_values(options):
                                 functools.partial(ece, num_bins=65),
                                 functools.partial(ece, 0.5)])
 def test_bootstrap_ci_of_other_ece_forms_takes_the_generic_path(fn):
-  from cwsa_jax import _bootstrap
-  assert _bootstrap._ece_options(fn) is None
+  from cwsa_jax._bootstrap import _fast_forms
+  assert _fast_forms._ece_options(fn) is None
   c, ok = data()
   if fn.args:  # a positional partial: not recognised, and fails as ece would
     with pytest.raises(TypeError):
@@ -466,11 +466,11 @@ def test_bootstrap_ci_of_a_sweep_partial_buckets_once(graded, normalize):
   # A keyword-only partial of sweep takes bootstrap_sweep's path: the same intervals as
   # bootstrap_sweep bit for bit, and as the generic path and the sweep itself to float32
   # rounding (compiled with constant thresholds, a division may round an ulp apart).
-  from cwsa_jax import _bootstrap
+  from cwsa_jax._bootstrap import _fast_forms
   c, ok = data(graded=graded)
   fn = functools.partial(sweep, thresholds=GRID, normalize=normalize)
   generic = lambda a, b: sweep(a, b, GRID, normalize=normalize)  # noqa: E731
-  assert _bootstrap._sweep_options(fn) is not None and _bootstrap._sweep_options(generic) is None
+  assert _fast_forms._sweep_options(fn) is not None and _fast_forms._sweep_options(generic) is None
   got = bootstrap_ci(fn, c, ok, key=KEY, num_resamples=B)
   fast = bootstrap_sweep(c, ok, GRID, key=KEY, num_resamples=B, normalize=normalize)
   slow = bootstrap_ci(generic, c, ok, key=KEY, num_resamples=B)
@@ -485,11 +485,11 @@ def test_bootstrap_ci_of_a_sweep_partial_buckets_once(graded, normalize):
 
 
 def test_bootstrap_ci_of_other_sweep_forms():
-  from cwsa_jax import _bootstrap
+  from cwsa_jax._bootstrap import _fast_forms
   c, ok = data()
   for fn in (sweep, functools.partial(sweep, normalize="all"),
              functools.partial(sweep, thresholds=GRID, bogus=1)):
-    assert _bootstrap._sweep_options(fn) is None
+    assert _fast_forms._sweep_options(fn) is None
     with pytest.raises(TypeError):  # fails as the sweep itself would
       bootstrap_ci(fn, c, ok, key=KEY, num_resamples=5)
   with pytest.raises(ValueError, match="threshold"):
@@ -509,11 +509,11 @@ def test_bootstrap_ci_of_other_sweep_forms():
 def test_bootstrap_ci_of_an_area_sorts_once(fn, generic):
   # The areas (and their summary) come from one sort and each resample's multiplicities:
   # the generic path's resamples and values to float32 rounding, ties included.
-  from cwsa_jax import _bootstrap
+  from cwsa_jax._bootstrap import _engine
   c, ok = data(seed=14)
   c[: N // 4] = np.round(c[: N // 4], 2)
-  assert _bootstrap._area_options(fn, jnp.asarray(ok)) is not None
-  assert _bootstrap._area_options(generic, jnp.asarray(ok)) is None
+  assert _engine._area_options(fn, jnp.asarray(ok)) is not None
+  assert _engine._area_options(generic, jnp.asarray(ok)) is None
   fast = bootstrap_ci(fn, c, ok, key=KEY, num_resamples=B)
   slow = bootstrap_ci(generic, c, ok, key=KEY, num_resamples=B)
   assert jax.tree.structure(fast) == jax.tree.structure(slow)
@@ -542,11 +542,11 @@ def test_paired_bootstrap_of_an_area_sorts_each_model_once(fn, generic):
 
 
 def test_bootstrap_ci_of_other_area_forms_takes_the_generic_path():
-  from cwsa_jax import _bootstrap
+  from cwsa_jax._bootstrap import _engine
   c, ok = data(seed=15)
   published = functools.partial(aurc, convention="published_code")
   for fn, k in ((published, ok), (aurc, ok * np.float32(0.5)), (functools.partial(aurc, 1), ok)):
-    assert _bootstrap._area_options(fn, jnp.asarray(k)) is None
+    assert _engine._area_options(fn, jnp.asarray(k)) is None
   r = bootstrap_ci(published, c, ok, key=KEY, num_resamples=20)
   assert float(r.low) <= float(r.estimate) <= float(r.high)
   with pytest.raises(ValueError, match="convention"):
@@ -631,7 +631,8 @@ def test_bootstrap_evaluation_matches_float64_references(convention, norm):
 @pytest.mark.parametrize("convention, norm", [("step", "l1"), ("trapezoid", "max")])
 def test_bootstrap_evaluation_poisson_matches_float64_references(convention, norm):
   """Poisson resampling: each resample is the data with row i repeated m_bi times."""
-  from cwsa_jax._bootstrap import _poisson_multiplicities, bootstrap_evaluation
+  from cwsa_jax._bootstrap import bootstrap_evaluation
+  from cwsa_jax._bootstrap._sampler import _poisson_multiplicities
   c, ok = data(seed=8)
   c[: N // 4] = np.round(c[: N // 4], 2)
   r = bootstrap_evaluation(c, ok, GRID, key=KEY, num_resamples=B, num_bins=10, ece_norm=norm,
@@ -651,8 +652,8 @@ def test_bootstrap_evaluation_poisson_matches_float64_references(convention, nor
 def test_paired_evaluation_matches_float64_references(resampling):
   """Both models get the same resamples (the indices of paired_bootstrap, or the same Poisson
   multiplicity per row); each resample's differences, their interval and p-value."""
-  from cwsa_jax._bootstrap import (EvaluationMetrics, _poisson_multiplicities,
-                                   paired_evaluation)
+  from cwsa_jax._bootstrap import EvaluationMetrics, paired_evaluation
+  from cwsa_jax._bootstrap._sampler import _poisson_multiplicities
   c, ok = data(seed=11)
   c[: N // 4] = np.round(c[: N // 4], 2)  # ties
   c_b = np.clip(c + np.where(ok, 0.3, -0.3), 0, 1).astype(np.float32)  # ranks better
@@ -692,19 +693,19 @@ def test_paired_evaluation_matches_float64_references(resampling):
 
 
 def test_harmonic_difference_against_float64_sums():
-  from cwsa_jax._bootstrap import _harmonic_difference
+  from cwsa_jax._areas import harmonic_difference
   worst = 0.0
   for n in (0, 1, 7, 8, 9, 400, 123_457, 2_000_000, 33_000_000):
     for r in {r for r in (0, 1, 3, 7, 8, 9, n // 2, n - 100, n - 1, n) if 0 <= r <= n}:
       want = np.sum(1.0 / np.arange(r + 1, n + 1, dtype=np.float64))
-      got = float(_harmonic_difference(jnp.int32(r), jnp.int32(n)))
+      got = float(harmonic_difference(jnp.int32(r), jnp.int32(n)))
       assert abs(got - want) <= 1e-6 * want + 1e-7, (n, r, got, want)
       worst = max(worst, abs(got - want) / max(want, 1e-30))
   assert worst > 0  # float32: not the float64 sums themselves
 
 
 def test_poisson_multiplicities_are_poisson_and_depend_on_the_row_only():
-  from cwsa_jax._bootstrap import _poisson_multiplicities
+  from cwsa_jax._bootstrap._sampler import _poisson_multiplicities
   rows = np.arange(20_000)
   m = np.asarray(_poisson_multiplicities(KEY, rows, 10))
   assert m.dtype == np.int32 and m.min() >= 0 and m.max() <= 12
@@ -841,7 +842,7 @@ def test_area_prefix_form_equals_the_loop_across_ranges(convention):
   the areas to float32 rounding, over ranges chained by the carry, with zero multiplicities,
   tie groups crossing the ranges and ranges without a group end."""
   import functools
-  from cwsa_jax import _bootstrap as bs
+  from cwsa_jax._bootstrap import _area_scan as bs
   rng = np.random.default_rng(23)
   n = 5000
   group_end = rng.random(n) < 0.3
@@ -870,7 +871,7 @@ def test_area_prefix_form_equals_the_loop_across_ranges(convention):
 def test_area_samples_with_the_prefix_form_equal_the_generic_path(monkeypatch):
   """bootstrap_ci of aurc (sort once, the area scan) with the accelerators' prefix form forced:
   the generic path's resample values to float32 rounding."""
-  from cwsa_jax import _bootstrap as bs
+  from cwsa_jax._bootstrap import _area_scan as bs
   rng = np.random.default_rng(29)
   c = np.round(rng.random(3000), 2).astype(np.float32)
   ok = rng.random(3000) < c

@@ -18,7 +18,7 @@ from jax.test_util import check_grads
 
 import cwsa_jax as cw
 import reference
-from cwsa_jax import _bootstrap
+from cwsa_jax._bootstrap import _sampler
 from cwsa_jax import losses
 from cwsa_jax import streaming
 
@@ -249,7 +249,7 @@ def test_rank_metrics_gradient_in_graded_correctness():
 def test_bootstrap_gradient_is_the_metric_gradient_on_each_resample():
   c, k = _data(11)
   kappa = np.asarray(k, np.float64)
-  indices = np.asarray(_bootstrap._resample_indices(jax.random.key(3), N, 16))
+  indices = np.asarray(_sampler._resample_indices(jax.random.key(3), N, 16))
   r = jax.jacrev(lambda x: cw.bootstrap_ci(lambda a, b: cw.cwsa(a, b, TAU), x, k,
                                            key=jax.random.key(3), num_resamples=16))(
       jnp.asarray(c))

@@ -18,6 +18,10 @@ import sys
 import time
 
 import numpy as np
+import pytest
+
+# Starts several processes that merge over jax.distributed: left to CI.
+pytestmark = pytest.mark.slow
 
 N = 3001  # odd: the two halves differ in size (a state's size does not depend on n)
 THRESHOLDS = np.array([0.0, 0.25, 0.5, 0.7, 0.9, 0.99, 0.3], np.float32)
@@ -218,7 +222,7 @@ def test_process_merge_of_two_halves_equals_one_process_bit_for_bit(tmp_path):
 def test_one_process_all_reduce_path_and_signatures():
   """In this process: stacking and reducing keeps every state; signatures tell configs apart."""
   import jax
-  from cwsa_jax import streaming
+  from cwsa_jax._states import _merge
   from cwsa_jax.streaming import CalibrationState, RiskCoverageState, SweepState, process_merge
   c, k = dataset()
   c2, k2 = c[:3000].reshape(2, 1500), k[:3000].reshape(2, 1500)  # a leading batch axis
@@ -227,18 +231,18 @@ def test_one_process_all_reduce_path_and_signatures():
            *states(c, k)]
   for state in cases:
     assert process_merge(state) is state
-    merged = streaming._all_reduce_over_processes(state, 1)
+    merged = _merge._all_reduce_over_processes(state, 1)
     assert type(merged) is type(state)
     for a, b in zip(jax.tree_util.tree_leaves(merged), jax.tree_util.tree_leaves(state)):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  signature = lambda s: streaming._merge_signature(s)[:2]
+  signature = lambda s: _merge._merge_signature(s)[:2]
   variants = cases + [SweepState.empty(THRESHOLDS[:-1]), SweepState.empty(THRESHOLDS + 1e-3),
                       SweepState.configure(thresholds=THRESHOLDS, normalize="all").empty(),
                       CalibrationState.empty(7), CalibrationState.configure(norm="max").empty(),
                       RiskCoverageState.empty(mantissa_bits=4)]
   assert len({signature(s) for s in variants}) == len(variants)
   assert signature(SweepState.empty(THRESHOLDS)) == signature(cases[2])  # the same config
-  assert streaming._merge_signature([1, 2])[0] == streaming._NOT_A_STATE
+  assert _merge._merge_signature([1, 2])[0] == _merge._NOT_A_STATE
 
 
 def test_process_dying_before_the_merge_is_named_and_nothing_is_written(tmp_path):

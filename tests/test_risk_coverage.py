@@ -500,7 +500,7 @@ def test_decimal_targets_hit_exact_fractions():
 
 
 def _kernels(sequential):
-  from cwsa_jax import _risk_coverage as rc
+  from cwsa_jax import _risk_coverage_kernels as rc
   summary = {conv: jax.jit(functools.partial(rc._summary_kernel, convention=conv, with_eaurc=True,
                                              sequential=sequential)) for conv in CONVENTIONS}
   return (summary, jax.jit(functools.partial(rc._curve_kernel, sequential=sequential)),
@@ -512,7 +512,7 @@ def _kernels(sequential):
 def test_parallel_scan_equals_sequential_scan_across_chunks(graded, running_max, monkeypatch):
   # 40,000 samples: three CPU chunks, with tie groups straddling their borders. Binary
   # losses: the group starts by running maxima and by scatter and gather.
-  from cwsa_jax import _risk_coverage as rc
+  from cwsa_jax import _risk_coverage_kernels as rc
   monkeypatch.setattr(rc, "STARTS_BY_RUNNING_MAX", running_max)
   rng = np.random.default_rng(11)
   conf, correct = random_case(rng, 40_000, decimals=3)

@@ -22,7 +22,7 @@ The modules, from the entry point down:
 
 They use the library through its public names (``import cwsa_jax as cw``), and
 the bootstrap's progress hook for the progress bars (in ``_intervals``); the
-metrics of computed sweeps (``_select.select_from_sweep`` and ``_aumcc._area``, in
+metrics of computed sweeps (``_select.select_from_sweep`` and ``_aumcc.area``, in
 ``_metrics``) and the key layout of :mod:`cwsa_jax.streaming` (in ``_stream``).
 """
 

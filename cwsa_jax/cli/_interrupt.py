@@ -22,7 +22,7 @@ many objects) raises its ``KeyboardInterrupt`` where Python prints and drops it
 The watchdog needs the GIL, which a call into XLA may hold until it returns
 (seen on the first run of a freshly compiled computation), so long
 computations are split into short calls instead: the bootstrap runs in blocks
-(:func:`cwsa_jax._bootstrap._run_blocks`), each well under a second at the
+(:func:`cwsa_jax._bootstrap.run_blocks`), each well under a second at the
 command line's sizes.
 """
 

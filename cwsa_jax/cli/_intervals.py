@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import cwsa_jax as cw
-from cwsa_jax import _bootstrap  # its progress hook, for the command line's progress bars
+from cwsa_jax import _bootstrap  # the evaluation bootstrap and its progress hook
 from cwsa_jax.cli._metrics import SCALARS
 from cwsa_jax.cli._settings import Settings
 from cwsa_jax.cli._util import UserError
@@ -191,7 +191,7 @@ def _bootstrap_models(models: list, settings: Settings, *, num_resamples: int, l
                        else (_bootstrap.paired_evaluation, cw.paired_bootstrap))
   scheme = resampling_scheme(settings, resampling)
   with _bootstrap.reporting(progress):
-    if _one_sort(settings) and arrays[0].shape[0] < _bootstrap._MAX_EVALUATION_N[scheme]:
+    if _one_sort(settings) and arrays[0].shape[0] < _bootstrap.MAX_EVALUATION_N[scheme]:
       r = one_sort(*arrays, settings.grid, key=jax.random.key(seed), num_resamples=num_resamples,
                    level=level, num_bins=settings.num_bins, ece_norm=settings.ece_norm,
                    aurc_convention=settings.aurc_convention, normalize=settings.normalize,

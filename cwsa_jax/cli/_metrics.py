@@ -17,7 +17,7 @@ import numpy as np
 
 import cwsa_jax as cw
 from cwsa_jax import _select
-from cwsa_jax._aumcc import _area
+from cwsa_jax._aumcc import area
 from cwsa_jax.cli._settings import SELECTION_METRIC, Settings
 
 
@@ -184,8 +184,8 @@ def assemble_metrics(*, n: int, accuracy: Any, ece: Any, risk_coverage: cw.RiskC
   thresholds = settings.grid
   coverage = jnp.asarray(result.coverage)
   if thresholds.size >= 2:
-    aumcc = Aumcc(*(np.asarray(_area(jnp.asarray(thresholds), coverage,
-                                     jnp.asarray(getattr(result, m)), axis=settings.aumcc_axis))
+    aumcc = Aumcc(*(np.asarray(area(jnp.asarray(thresholds), coverage,
+                                    jnp.asarray(getattr(result, m)), axis=settings.aumcc_axis))
                     for m in Aumcc._fields))
   else:
     aumcc = Aumcc(*[np.full(coverage.shape[:-1], np.nan, np.float32)] * len(Aumcc._fields))

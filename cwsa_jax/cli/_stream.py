@@ -54,7 +54,8 @@ import jax
 import numpy as np
 
 import cwsa_jax as cw
-from cwsa_jax import _bootstrap, streaming
+from cwsa_jax import _areas, _bootstrap, streaming
+from cwsa_jax._states import _risk_coverage_state
 from cwsa_jax.cli import _figures, _intervals, _io, _metrics
 from cwsa_jax.cli._settings import Settings
 from cwsa_jax.cli._util import UserError, progress_bar
@@ -68,8 +69,7 @@ _GROUP_SLICE = 1 << 18
 SORT_ROWS_ENV = "CWSA_JAX_STREAM_SORT_ROWS"
 MANTISSA_BITS = 8
 _SHIFT = 23 - MANTISSA_BITS
-_NUM_BINS = streaming._num_rc_bins(MANTISSA_BITS)
-_HARMONIC_BLOCK = 1 << 20
+_NUM_BINS = _risk_coverage_state.num_rc_bins(MANTISSA_BITS)
 # Rows one bootstrap pass holds (about 40 bytes each while their resamples run).
 BOOTSTRAP_RANGE_ROWS = 1 << 21
 
@@ -264,14 +264,13 @@ class _Areas:
     rows = (rows_before + count).astype(np.float64)  # accepted at the group's end
     errs = (errors_before + errors).astype(np.float64)
     risk = errs / rows
-    if self.convention == "step":
-      self.aurc += float(np.sum(w * risk))
-      self.augrc += float(np.sum(w * errs))
-    else:  # trapezoid: the previous point's risk (the first group's own) and generalized risk
+    previous = None
+    if self.convention == "trapezoid":  # the previous point's risk and generalized risk
       before = rows_before.astype(np.float64)
-      previous = np.where(rows_before > 0, errors_before / np.maximum(before, 1.0), risk)
-      self.aurc += float(np.sum(w * (previous + risk) * 0.5))
-      self.augrc += float(np.sum(w * (errors_before + errs) * 0.5))
+      previous = (rows_before > 0, errors_before / np.maximum(before, 1.0), errors_before)
+    aurc, augrc = _areas.point_terms(w, risk, errs, self.convention, previous, xp=np)
+    self.aurc += float(np.sum(aurc))
+    self.augrc += float(np.sum(augrc))
     m = self.num_correct
     self.errors_first_m += int(errors[rows_before < m].sum())
     self.starts_after_m += int(np.count_nonzero(rows_before >= m))
@@ -279,25 +278,19 @@ class _Areas:
     self.groups += count.size
 
   def summary(self) -> cw.RiskCoverageSummary:
-    """AURC, AUGRC and E-AURC (float64), as :func:`cwsa_jax.risk_coverage_summary` defines them."""
+    """AURC, AUGRC and E-AURC (float64), as :func:`cwsa_jax.risk_coverage_summary` defines them
+    (the formulas of :mod:`cwsa_jax._areas`, in float64 on the host)."""
     n, m = self.n, self.num_correct
-    aurc, augrc = self.aurc / n, self.augrc / n / n
-    if self.convention == "trapezoid":
-      oracle = 0.5 * (self.num_errors / n) ** 2  # all correct tied above all errors tied
-      optimal = self.errors_first_m == 0 and self.starts_after_m == 1 and self.starts_at_m1 == 1
+    aurc, augrc = _areas.areas(self.aurc, self.augrc, n, xp=np)
+    if self.convention == "trapezoid":  # all correct tied above all errors tied
+      oracle = _areas.trapezoid_oracle(self.num_errors, n, xp=np)
     else:  # a strict order with the correct first: sum over p > m of (p - m) / p
-      oracle = ((n - m) - m * _harmonic(m, n)) / n
-      optimal = self.errors_first_m == 0 and self.starts_after_m == n - m
-    trivial = self.num_errors in (0, n) or optimal
-    eaurc = 0.0 if trivial else max(aurc - oracle, 0.0)
+      oracle = _areas.step_oracle(self.num_errors, m, _areas.harmonic_difference_exact(m, n), n,
+                                  xp=np)
+    optimal = _areas.optimal_order(self.convention, n, m, self.errors_first_m,
+                                   self.starts_after_m, self.starts_at_m1)
+    eaurc = _areas.eaurc(aurc, oracle, _areas.one_class(self.num_errors, n) | optimal, xp=np)
     return cw.RiskCoverageSummary(np.float64(aurc), np.float64(augrc), np.float64(eaurc))
-
-
-def _harmonic(m: int, n: int) -> float:
-  """``sum_{p=m+1}^{n} 1/p`` in float64, in blocks (bounded memory)."""
-  return float(sum(np.sum(1.0 / np.arange(start, min(start + _HARMONIC_BLOCK, n + 1),
-                                          dtype=np.float64))
-                   for start in range(m + 1, n + 1, _HARMONIC_BLOCK)))
 
 
 def tie_groups(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -433,8 +426,8 @@ def streamed_intervals(paths: list[Path], result: Scan, settings: Settings, chun
 def _key_confidences(keys: np.ndarray) -> np.ndarray:
   """The float32 confidences of :func:`~cwsa_jax.streaming.confidence_key` values."""
   keys = np.asarray(keys, np.int32)
-  high = np.float32(1.0) - (streaming._KEY_MAX - keys).astype(np.int32).view(np.float32)
-  return np.where(keys < streaming._HALF_BITS, keys.view(np.float32), high)
+  high = np.float32(1.0) - (_risk_coverage_state.KEY_MAX - keys).astype(np.int32).view(np.float32)
+  return np.where(keys < _risk_coverage_state.HALF_BITS, keys.view(np.float32), high)
 
 
 def binned_curve(histogram: Histogram, n: int) -> cw.RiskCoverageCurve:

@@ -1,0 +1,244 @@
+"""The binned mergeable state of AURC and AUGRC (:class:`RiskCoverageState`), its result
+(:class:`BinnedRiskCoverage`) and the confidence-key layout of its bins.
+
+The key layout (:func:`confidence_key`, :data:`HALF_BITS`, :data:`KEY_MAX`,
+:func:`num_rc_bins`) is an internal surface: ``cwsa-jax evaluate --stream`` builds the
+same bins on the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cwsa_jax import _areas
+from cwsa_jax import _exact
+from cwsa_jax import _public
+from cwsa_jax import _sort
+from cwsa_jax import _stats
+from cwsa_jax._states._common import _batched
+from cwsa_jax._states._common import _check_capacity
+from cwsa_jax._states._common import _configured
+from cwsa_jax._states._common import _empty_sums
+from cwsa_jax._states._common import _merged
+from cwsa_jax._states._common import _model_outputs
+from cwsa_jax._states._common import _prepare_batch
+from cwsa_jax._states._common import _reduced
+from cwsa_jax._states._common import _sum_leading
+from cwsa_jax._states._common import public
+
+HALF_BITS = 0x3F000000  # int32 bit pattern of 0.5f
+KEY_MAX = 2 * HALF_BITS  # key of c = 1
+_EMPTY_MIN = np.iinfo(np.int32).max
+_RC_WIDTH = _stats.LOSS_COLUMNS  # count, loss digits
+
+
+@public
+class BinnedRiskCoverage(NamedTuple):
+  """AURC and AUGRC ("step" convention) from a :class:`RiskCoverageState`.
+
+  Sort the bins by decreasing confidence; bin ``b`` has ``m_b`` samples with
+  total loss ``e_b`` (errors, or ``sum 1 - kappa``), ``K_b`` samples and loss
+  ``E_b`` in the bins above it. Treating each bin as one tie group gives
+
+  .. math::
+
+    \\widehat{\\mathrm{AURC}} = \\frac{1}{n}\\sum_b m_b \\frac{E_b + e_b}{K_b + m_b},\\qquad
+    \\widehat{\\mathrm{AUGRC}} = \\frac{1}{n^2}\\sum_b m_b (E_b + e_b),
+
+  which equals the step-convention value exactly when every bin holds one
+  distinct confidence. For a bin with several distinct confidences, whatever
+  their order and ties, each of its samples contributes a group-end risk in
+  ``[E_b / (K_b + m_b), min(1, (E_b + e_b) / (K_b + 1))]`` (and a generalized
+  risk in ``[E_b, E_b + e_b] / n``); summing these gives ``low`` and ``high``,
+  guaranteed bounds on the exact value (up to float32 rounding).
+
+  Attributes:
+    aurc, aurc_low, aurc_high, augrc, augrc_low, augrc_high: float32 [...].
+    exact: bool [...], every non-empty bin holds a single distinct confidence
+      (then low = estimate = high).
+  """
+  aurc: jax.Array
+  aurc_low: jax.Array
+  aurc_high: jax.Array
+  augrc: jax.Array
+  augrc_low: jax.Array
+  augrc_high: jax.Array
+  exact: jax.Array
+
+
+@public
+def confidence_key(c: jax.Array) -> jax.Array:
+  """An int32 key, strictly increasing in ``c`` in [0, 1], fine near 0 and near 1.
+
+  ``bits(c)`` below 1/2 and ``2 bits(1/2) - bits(1 - c)`` from 1/2 up (``1 - c``
+  is exact there), where ``bits`` is the float32 bit pattern, so the key
+  resolves ``c`` and ``1 - c`` to full float32 precision.
+  """
+  c = _sort.clip_unit(c)
+  low = jax.lax.bitcast_convert_type(c, jnp.int32)  # _sort.float_key of the clipped c
+  high = KEY_MAX - jax.lax.bitcast_convert_type(jnp.float32(1.0) - c, jnp.int32)
+  return jnp.where(c < 0.5, low, high)
+
+
+@public
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RiskCoverageState:
+  """Binned statistics for streaming AURC / AUGRC with guaranteed error bounds.
+
+  Bins are ``confidence_key(c) >> (23 - mantissa_bits)``: ``2^mantissa_bits``
+  bins per octave of ``c`` (below 1/2) or of ``1 - c`` (above), i.e. a relative
+  resolution of ``2^-mantissa_bits`` in the error rate ``1 - c`` of confident
+  predictions. Default 8: 64,513 bins. Per bin: the count and the exact digit
+  sums of the loss ``1 - kappa`` (``hi``, ``lo``: 2 x 4 int32), and the
+  smallest and largest key seen (to know whether the bin is one tie group):
+  40 bytes a bin, about 2.6 MB of state at the default.
+
+  ``python benchmarks/streaming_aurc_error.py`` measures the estimate's error
+  and the bound width against the exact AURC, per ``mantissa_bits``.
+
+  Capacity: exact sums to 2^53 (9.0e15) samples in total, as :class:`SweepState`.
+
+  Attributes:
+    hi, lo, top: int32 [..., bins, 4] (``_stats.loss_columns``, as
+      ``top * 2^36 + hi * 4096 + lo``); key_min, key_max: int32 [..., bins];
+    invalid: bool [...]; mantissa_bits: static int.
+  """
+  hi: jax.Array
+  lo: jax.Array
+  top: jax.Array
+  key_min: jax.Array
+  key_max: jax.Array
+  invalid: jax.Array
+  mantissa_bits: int = dataclasses.field(default=8, metadata=dict(static=True))
+
+  # Class option (not a field), set by configure().
+  _mantissa_bits = 8
+
+  @classmethod
+  def configure(cls, *, mantissa_bits: int = 8) -> type[RiskCoverageState]:
+    """A subclass whose bins have ``mantissa_bits`` (clu's protocol; see :meth:`SweepState.configure`).
+
+    The unconfigured class already follows the protocol with the default 8 bits.
+    """
+    num_rc_bins(mantissa_bits)
+    return _configured(cls, _mantissa_bits=int(mantissa_bits))
+
+  @classmethod
+  def empty(cls, *, mantissa_bits: int | None = None) -> RiskCoverageState:
+    """The state of no samples; ``mantissa_bits`` defaults to the class's (8 unless configured)."""
+    mantissa_bits = cls._mantissa_bits if mantissa_bits is None else mantissa_bits
+    bins = num_rc_bins(mantissa_bits)
+    top, hi, lo = _empty_sums((bins, _RC_WIDTH))
+    return cls(hi, lo, top, jnp.full((bins,), _EMPTY_MIN, jnp.int32),
+               jnp.full((bins,), -1, jnp.int32), jnp.zeros((), bool), mantissa_bits)
+
+  @classmethod
+  @_public.entry
+  def from_batch(cls, confidences: Any, correct: Any, *, mantissa_bits: int | None = None,
+                 mask: Any = None) -> RiskCoverageState:
+    """The state of one batch [..., n]; ``mask`` False marks padding."""
+    mantissa_bits = cls._mantissa_bits if mantissa_bits is None else mantissa_bits
+    num_rc_bins(mantissa_bits)
+    c, k, mask = _prepare_batch(confidences, correct, mask)
+    fn = _batched(functools.partial(_rc_state_1d, mantissa_bits=mantissa_bits), c.ndim - 1,
+                  (0, 0, None if mask is None else 0))
+    hi, lo, key_min, key_max, invalid = fn(c, k, mask)
+    top, hi, lo = _exact.widen(hi, lo)
+    return cls(hi, lo, top, key_min, key_max, invalid, mantissa_bits)
+
+  @classmethod
+  def from_model_output(cls, *, confidences: Any = None, correct: Any = None, logits: Any = None,
+                        labels: Any = None, mask: Any = None, **_: Any) -> RiskCoverageState:
+    """The state of one batch of model outputs (clu's protocol); see :meth:`SweepState.from_model_output`."""
+    c, k = _model_outputs(cls.__name__, confidences, correct, logits, labels)
+    return cls.from_batch(c, k, mask=mask)
+
+  def merge(self, other: "RiskCoverageState") -> "RiskCoverageState":
+    if other.mantissa_bits != self.mantissa_bits:
+      raise ValueError("cannot merge states with different mantissa_bits: "
+                       f"{self.mantissa_bits} and {other.mantissa_bits}")
+    return dataclasses.replace(
+        self, **_merged(self, other), key_min=jnp.minimum(self.key_min, other.key_min),
+        key_max=jnp.maximum(self.key_max, other.key_max), invalid=self.invalid | other.invalid)
+
+  def reduce(self) -> "RiskCoverageState":
+    return dataclasses.replace(self, **_reduced(self, _sum_leading),
+                               key_min=jnp.min(self.key_min, axis=0),
+                               key_max=jnp.max(self.key_max, axis=0),
+                               invalid=jnp.any(self.invalid, axis=0))
+
+  def psum(self, axis_name: Any) -> "RiskCoverageState":
+    return dataclasses.replace(
+        self, **_reduced(self, lambda x: jax.lax.psum(x, axis_name)),
+        key_min=jax.lax.pmin(self.key_min, axis_name),
+        key_max=jax.lax.pmax(self.key_max, axis_name),
+        invalid=jax.lax.psum(self.invalid.astype(jnp.int32), axis_name) > 0)
+
+  def compute(self) -> BinnedRiskCoverage:
+    _check_capacity(self)
+    fn = _batched(_rc_compute, self.hi.ndim - 2, (0, 0, 0, 0, 0, 0))
+    return fn(self.hi, self.lo, self.top, self.key_min, self.key_max, self.invalid)
+
+
+def num_rc_bins(mantissa_bits: Any) -> int:
+  """The number of bins of a :class:`RiskCoverageState` with ``mantissa_bits`` (checked)."""
+  if isinstance(mantissa_bits, bool) or not isinstance(mantissa_bits, (int, np.integer)) \
+      or not 0 <= mantissa_bits <= 12:
+    raise ValueError(f"mantissa_bits must be an int in [0, 12], got {mantissa_bits!r}")
+  return (KEY_MAX >> (23 - int(mantissa_bits))) + 1
+
+
+@functools.partial(jax.jit, static_argnames=("mantissa_bits",))
+def _rc_state_1d(c, k, mask, *, mantissa_bits):
+  bins = num_rc_bins(mantissa_bits)
+  key = confidence_key(c)
+  ids = key >> (23 - mantissa_bits)
+  seg = ids if mask is None else jnp.where(mask, ids, bins)  # padding: dropped
+
+  def columns_fn(cid, kappa):
+    return cid, jnp.stack(_stats.loss_columns(kappa), axis=0)
+
+  hi, lo = _exact.segment_sums(columns_fn, [seg, k], bins, counted=True)
+  key_min = jax.ops.segment_min(key, seg, num_segments=bins)  # empty: int32 max
+  key_max = jnp.maximum(jax.ops.segment_max(key, seg, num_segments=bins), -1)
+  return hi, lo, key_min, key_max, _stats.invalid_inputs(c, k)
+
+
+@jax.jit
+def _rc_compute(hi, lo, top, key_min, key_max, invalid):
+  # Suffix sums over ascending bins = totals of the bins at or above each bin.
+  wide = (top, hi, lo)
+  above = _exact.wide_suffix_sums(wide)
+  m, e = _stats.loss_totals(hi, lo, top)
+  k_incl, e_incl = _stats.loss_totals(above[1], above[2], above[0])
+  # The bins strictly above, exactly (integer difference, rounded once).
+  excl = _exact.wide_sub(above, wide)
+  k_excl, e_excl = _stats.loss_totals(excl[1], excl[2], excl[0])
+  invalid = invalid | _exact.over_capacity(top)
+  n = k_incl[0]
+  nonempty = m > 0
+  safe_k = jnp.where(nonempty, k_incl, 1.0)
+  tie = m * e_incl / safe_k
+  low = m * e_excl / safe_k
+  high = m * jnp.minimum(1.0, e_incl / (k_excl + 1.0))
+  single = key_min == key_max
+  low = jnp.where(single, tie, low)
+  high = jnp.where(single, tie, high)
+  where = lambda x: jnp.where(nonempty, x, 0.0)
+  g_tie, g_low = m * e_incl, jnp.where(single, m * e_incl, m * e_excl)
+  bad = invalid | (n == 0)
+  fin = lambda x: jnp.where(bad, jnp.nan, x)
+  (aurc, augrc), (aurc_low, augrc_low), (aurc_high, augrc_high) = (
+      _areas.areas(jnp.sum(where(a)), jnp.sum(where(g)), n)
+      for a, g in ((tie, g_tie), (low, g_low), (high, g_tie)))
+  return BinnedRiskCoverage(
+      aurc=fin(aurc), aurc_low=fin(aurc_low), aurc_high=fin(aurc_high),
+      augrc=fin(augrc), augrc_low=fin(augrc_low), augrc_high=fin(augrc_high),
+      exact=jnp.all(single | ~nonempty) & ~bad)

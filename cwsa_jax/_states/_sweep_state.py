@@ -1,0 +1,217 @@
+"""The exact mergeable state of :func:`~cwsa_jax.sweep` (:class:`SweepState`) and its kernels."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cwsa_jax import _exact
+from cwsa_jax import _public
+from cwsa_jax import _stats
+from cwsa_jax import _sweep
+from cwsa_jax import _validation
+from cwsa_jax._states._common import _batched
+from cwsa_jax._states._common import _check_capacity
+from cwsa_jax._states._common import _check_same
+from cwsa_jax._states._common import _configured
+from cwsa_jax._states._common import _empty_sums
+from cwsa_jax._states._common import _merged
+from cwsa_jax._states._common import _model_outputs
+from cwsa_jax._states._common import _prepare_batch
+from cwsa_jax._states._common import _reduced
+from cwsa_jax._states._common import _sum_leading
+from cwsa_jax._states._common import public
+
+
+@public
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SweepState:
+  """Exact sufficient statistics of :func:`~cwsa_jax.sweep` at fixed thresholds.
+
+  With the thresholds sorted, bucket ``b`` holds the samples with exactly ``b``
+  thresholds ``<= c``; the retained set of threshold ``j`` is the union of the
+  buckets above ``j``, so the per-bucket sums
+
+  .. math::
+
+    N_b = |B_b|,\\quad A_b = \\sum_{B_b} \\kappa_i,\\quad U_b = \\sum_{B_b} (1 - c_i),
+    \\quad V_b = \\sum_{B_b} (1 - c_i)\\kappa_i
+
+  determine coverage, selective accuracy, CWSA and CWSA+ at every threshold
+  (formulas in :func:`~cwsa_jax.sweep`). They are stored as exact integer
+  digit sums, so :meth:`merge` is exact.
+
+  Capacity: exact to 2^53 (9.0e15) samples in total, whatever their buckets.
+  Past it :meth:`merge`, :meth:`reduce` and :meth:`psum` raise ``ValueError``
+  eagerly, and under ``jit`` the state is marked (every ``top`` is -1, for
+  good) and :meth:`compute` returns NaN; never a wrapped number.
+
+  Attributes:
+    thresholds: [T] float32 thresholds, in the order given.
+    hi, lo, top: int32 [..., T + 1, W] exact per-bucket sums
+      ``top * 2^36 + hi * 4096 + lo`` (``0 <= hi < 2^24``, ``0 <= lo < 4096``;
+      W = 6 for boolean correctness, 12 for graded).
+    invalid: bool [...]: some sample was NaN or outside [0, 1] (under ``jit``).
+
+  Examples:
+    >>> import numpy as np
+    >>> c, ok = np.array([0.9, 0.6, 0.8, 0.55]), np.array([True, False, True, True])
+    >>> t = np.array([0.5, 0.7])
+    >>> s = SweepState.from_batch(c[:2], ok[:2], t).merge(SweepState.from_batch(c[2:], ok[2:], t))
+    >>> print([round(float(x), 4) for x in s.compute().cwsa])  # == sweep(c, ok, t).cwsa
+    [0.325, 0.5]
+  """
+  thresholds: jax.Array
+  hi: jax.Array
+  lo: jax.Array
+  top: jax.Array
+  invalid: jax.Array
+
+  # Class options (not fields), set by configure().
+  _thresholds = None
+  _graded = False
+  _normalize = "retained"
+
+  @classmethod
+  def configure(cls, *, thresholds: Any, graded: bool = False,
+                normalize: str = "retained") -> type[SweepState]:
+    """A subclass with fixed thresholds, for clu's ``Collection`` and ``cwsa_jax.nnx``.
+
+    clu's ``Metric`` protocol: its :meth:`empty` takes no arguments,
+    :meth:`from_model_output` builds the state of a batch from the model's
+    outputs, :meth:`compute` uses ``normalize`` (as clu's
+    ``Metric.from_output`` makes a configured class). The same options give
+    the same class.
+
+    Args:
+      thresholds: [T] thresholds in [0, 1).
+      graded: correctness is graded (kappa in [0, 1]); boolean correctness
+        is then counted as 0/1. Default: boolean correctness.
+      normalize: ``"retained"`` or ``"all"``, as in :func:`~cwsa_jax.sweep`.
+
+    Examples:
+      >>> Sweep = SweepState.configure(thresholds=[0.5, 0.7])
+      >>> batch = Sweep.from_model_output(confidences=np.array([0.9, 0.6]),
+      ...                                 correct=np.array([True, False]), loss=0.3)
+      >>> print([round(float(x), 4) for x in Sweep.empty().merge(batch).compute().coverage])
+      [1.0, 0.5]
+    """
+    t = np.asarray(_validation.as_thresholds(thresholds))
+    _stats.check_normalize(normalize)
+    return _configured(cls, _thresholds=tuple(t.tolist()), _graded=bool(graded),
+                       _normalize=normalize)
+
+  @classmethod
+  def _class_thresholds(cls) -> np.ndarray:
+    if cls._thresholds is None:
+      raise TypeError(f"{cls.__name__} needs thresholds: pass them, or make a class that holds them "
+                      "with SweepState.configure(thresholds=...)")
+    return np.asarray(cls._thresholds, np.float32)
+
+  @classmethod
+  def empty(cls, thresholds: Any = None, *, graded: bool | None = None) -> SweepState:
+    """The state of no samples (the identity of :meth:`merge`).
+
+    ``thresholds`` and ``graded`` default to the class's (:meth:`configure`).
+    """
+    t = _validation.as_thresholds(cls._class_thresholds() if thresholds is None else thresholds)
+    graded = cls._graded if graded is None else graded
+    width = _stats.bucket_width(graded)
+    top, hi, lo = _empty_sums((t.shape[0] + 1, width))
+    return cls(t, hi, lo, top, jnp.zeros((), bool))
+
+  @classmethod
+  @_public.entry
+  def from_batch(cls, confidences: Any, correct: Any, thresholds: Any = None, *,
+                 mask: Any = None) -> SweepState:
+    """The state of one batch [..., n] (leading axes are kept as batch axes of the state).
+
+    Args:
+      confidences: [..., n] confidences in [0, 1].
+      correct: [..., n] boolean correctness or graded kappa in [0, 1].
+      thresholds: [T] thresholds in [0, 1) (default: the class's, :meth:`configure`).
+      mask: optional bool [..., n]; samples with False are ignored (padding).
+    """
+    t = _validation.as_thresholds(cls._class_thresholds() if thresholds is None else thresholds)
+    c, k, mask = _prepare_batch(confidences, correct, mask)
+    if cls._graded:
+      k = k.astype(jnp.float32)
+    fn = _batched(_sweep_state_1d, c.ndim - 1, (0, 0, None, None if mask is None else 0))
+    hi, lo, invalid = fn(c, k, t, mask)
+    top, hi, lo = _exact.widen(hi, lo)
+    return cls(t, hi, lo, top, invalid)
+
+  @classmethod
+  def from_model_output(cls, *, confidences: Any = None, correct: Any = None, logits: Any = None,
+                        labels: Any = None, mask: Any = None, **_: Any) -> SweepState:
+    """The state of one batch of model outputs at the class's thresholds (clu's protocol).
+
+    Args:
+      confidences, correct: [..., n] confidences and correctness, as in
+        :meth:`from_batch`; or else
+      logits, labels: [..., n, K] logits and [..., n] integer labels, turned
+        into confidences by :func:`~cwsa_jax.confidences_from_logits`.
+      mask: optional bool [..., n]; samples with False are ignored.
+      **_: other model outputs (a loss, ...), ignored.
+    """
+    c, k = _model_outputs(cls.__name__, confidences, correct, logits, labels)
+    return cls.from_batch(c, k, mask=mask)
+
+  @property
+  def graded(self) -> bool:
+    return self.hi.shape[-1] == _stats.bucket_width(True)
+
+  def merge(self, other: "SweepState") -> "SweepState":
+    """The state of both sets of samples (exact integer addition)."""
+    _check_same(self.thresholds, other.thresholds, "thresholds")
+    _check_same(jnp.zeros(self.hi.shape[-1:]), jnp.zeros(other.hi.shape[-1:]),
+                "correctness types (boolean vs graded)")
+    return dataclasses.replace(self, **_merged(self, other), invalid=self.invalid | other.invalid)
+
+  def reduce(self) -> "SweepState":
+    """Merges the states stacked along the leading axis (e.g. from ``jax.vmap`` over batches)."""
+    # Stacked with the sums (jax.vmap, clu's all_gather), the thresholds are repeated: keep one.
+    t = self.thresholds[0] if self.thresholds.ndim > 1 else self.thresholds
+    return dataclasses.replace(self, thresholds=t, **_reduced(self, _sum_leading),
+                               invalid=jnp.any(self.invalid, axis=0))
+
+  def psum(self, axis_name: Any) -> "SweepState":
+    """All-reduces the state over a mapped axis (inside ``shard_map`` / ``pmap``)."""
+    invalid = jax.lax.psum(self.invalid.astype(jnp.int32), axis_name) > 0
+    return dataclasses.replace(self, **_reduced(self, lambda x: jax.lax.psum(x, axis_name)),
+                               invalid=invalid)
+
+  def compute(self, *, normalize: str | None = None) -> _sweep.SweepResult:
+    """The :class:`~cwsa_jax.SweepResult` of every sample merged into this state.
+
+    ``normalize`` (``"retained"`` or ``"all"``, see :func:`~cwsa_jax.sweep`)
+    defaults to the class's, ``"retained"`` unless :meth:`configure` set it.
+    A state with no samples gives coverage NaN (0/0), CWSA 0 and selective
+    accuracy NaN.
+    """
+    normalize = type(self)._normalize if normalize is None else normalize
+    _stats.check_normalize(normalize)
+    _check_capacity(self)
+    lead = self.hi.ndim - 2
+    fn = _batched(_sweep_compute, lead, (None, 0, 0, 0, 0))
+    return _stats.renormalize(fn(self.thresholds, self.hi, self.lo, self.top, self.invalid),
+                              normalize)
+
+
+@jax.jit
+def _sweep_state_1d(c, k, thresholds, mask):
+  _, sorted_thresh = _sweep.sorted_thresholds(thresholds)
+  hi, lo = _sweep.bucket_sums(c, k, sorted_thresh, mask)
+  return hi, lo, _stats.invalid_inputs(c, k)
+
+
+@jax.jit
+def _sweep_compute(thresholds, hi, lo, top, invalid):
+  order, _ = _sweep.sorted_thresholds(thresholds)
+  invalid = invalid | _exact.over_capacity(top)
+  return _sweep.result_from_bucket_sums(hi, lo, thresholds, order, invalid, top)
