@@ -51,9 +51,8 @@ this module checks the inputs and batches the rows.
 Invalid values (scores outside [0, 1] or not finite, correctness other than
 0/1 or outside [0, 1], targets out of range) raise ``ValueError`` on concrete
 inputs and give NaN inside a user's ``jax.jit`` / ``jax.vmap`` (for the
-invalid row, or target; ``num_points`` -1). Scores must lie in [0, 1] while
-``_validation.SCORES_IN_UNIT_INTERVAL`` is True (the one switch to accept
-any finite real score).
+invalid row, or target; ``num_points`` -1). Scores must lie in [0, 1]
+(``_validation.samples(..., unit_scores=...)`` is where that rule is made).
 
 Gradients: every result here depends on the confidences only through their
 order, so it is piecewise constant in them and its gradient in c is 0,
