@@ -42,7 +42,6 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from cwsa_jax import _dense
 from cwsa_jax import _dispatch
 from cwsa_jax import _mesh
 

@@ -51,7 +51,6 @@ formula above): "relaxed" gradients of the hard metric.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import jax
