@@ -12,7 +12,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from cwsa_jax import _sort
+from cwsa_jax._kernels import _sort
 
 
 def environment() -> dict:

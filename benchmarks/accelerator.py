@@ -255,7 +255,7 @@ def main(argv=None) -> int:
                            "replace the library's in the rows of " + ", ".join(LAUNCH_KERNELS)
                            + " (recorded in settings)")
   args = parser.parse_args(argv)
-  from cwsa_jax import _dispatch  # noqa: PLC0415
+  from cwsa_jax._kernels import _dispatch  # noqa: PLC0415
   kernels = _dispatch.DEFAULT
   if args.launch:
     with open(args.launch) as f:

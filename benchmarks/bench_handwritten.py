@@ -468,9 +468,9 @@ def _word_order(keys: np.ndarray) -> np.ndarray:
 
 
 def sort_rows(sizes: list[int], lax_sort_max_n: int, repeats: int, max_seconds: float) -> list:
-  from cwsa_jax import _sort  # noqa: PLC0415
+  from cwsa_jax._kernels import _sort  # noqa: PLC0415
   rows = []
-  kit = "cwsa_jax._sort._numpy_stable_order (radix, 2 x 16-bit digits)"
+  kit = "cwsa_jax._kernels._sort._numpy_stable_order (radix, 2 x 16-bit digits)"
   what = "stable order of float32 confidences in [0, 1]"
   for n in sizes:
     try:

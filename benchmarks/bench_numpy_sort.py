@@ -3,7 +3,7 @@
 Usage: python benchmarks/bench_numpy_sort.py [--sizes 1e5,1e6,1e7] [--repeats 7]
        [--out results/benchmarks/numpy_sort.json]
 
-The kit's rank metrics sort with NumPy on the CPU (``cwsa_jax/_sort.py``), so their speed
+The kit's rank metrics sort with NumPy on the CPU (``cwsa_jax/_kernels/_sort.py``), so their speed
 follows NumPy's sort, and NumPy picks its sort by the CPU features it dispatches to when
 it is imported. This script times, in two child processes, one with NumPy's default
 dispatch and one started with ``NPY_DISABLE_CPU_FEATURES=X86_V4`` (no AVX-512: NumPy's
@@ -33,7 +33,7 @@ def child(sizes: list[int], repeats: int, with_others: bool) -> dict:
   import jax  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
 
-  from cwsa_jax import _sort  # noqa: PLC0415
+  from cwsa_jax._kernels import _sort  # noqa: PLC0415
 
   torch = None
   if with_others:

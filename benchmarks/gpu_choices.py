@@ -25,12 +25,11 @@ For a sweep of T = 10, 20 and 50 thresholds (16, 32 and 64 mask rows) and the
 
 And for the AURC family: ``aurc`` "step" and "trapezoid", ``eaurc`` "step" and
 ``risk_coverage_summary`` "trapezoid" with the sort and ``_group_areas``'
-kernel (``_group_areas.ENABLED``) against the XLA scans
+kernel (``Kernels.group_areas``) against the XLA scans
 (results compared, their largest relative difference recorded), and
 ``risk_coverage_curve``'s group starts by running maxima
-(``_risk_coverage_kernels.STARTS_BY_RUNNING_MAX``) against a scatter and a gather, each
-beside one ``lax.sort`` of the packed keys (these two still module switches: the
-risk-coverage family takes no ``Kernels`` yet). ``--switches`` picks among these
+(``Kernels.starts_by_running_max``) against a scatter and a gather, each
+beside one ``lax.sort`` of the packed keys. ``--switches`` picks among these
 cases (and the two above); ``--deadline-s`` stops trying launches.
 
 All timed interleaved (min and median), compilation excluded; bytes read are
@@ -58,7 +57,8 @@ import accelerator  # noqa: E402
 from _common import environment, interleaved_times, summarize, write_json_atomic  # noqa: E402
 
 import cwsa_jax as cj  # noqa: E402
-from cwsa_jax import _calibration, _dense, _dispatch, _group_areas, _sweep  # noqa: E402
+from cwsa_jax import _calibration, _sweep  # noqa: E402
+from cwsa_jax._kernels import _dense, _dispatch  # noqa: E402
 
 # Launches of the dense kernels tried per mask height R (16, 32 or 64 rows): (form, samples per
 # step, warps, pipeline stages); the library's (``_dispatch.DENSE_LAUNCH``) is always tried first.
@@ -129,27 +129,6 @@ def configured(fn_of, kernels: _dispatch.Kernels, option: str, *args, difference
   return on, off, compare(on, off, *args, differences=differences)
 
 
-def compiled(fn, module, switch: str, value: bool, *args):
-  """``jax.jit(fn)`` compiled ahead of time with ``module.switch = value`` (fixed afterwards):
-  the risk-coverage family's switches, which no ``Kernels`` reaches yet."""
-  saved = getattr(module, switch)
-  setattr(module, switch, value)
-  jax.clear_caches()
-  try:
-    return jax.jit(fn).lower(*args).compile()
-  finally:
-    setattr(module, switch, saved)
-    jax.clear_caches()
-
-
-def switched(fn, module, switch: str, *args, differences=None):
-  """``fn`` compiled with ``module.switch`` True and False, and whether their results are equal
-  (see :func:`compare`)."""
-  on = compiled(fn, module, switch, True, *args)
-  off = compiled(fn, module, switch, False, *args)
-  return on, off, compare(on, off, *args, differences=differences)
-
-
 def report(name: str, label: str, s: dict, note="") -> None:
   print(f"{name:<12} {label:<28} {s['min_s'] * 1e3:9.3f} ms {s['median_s'] * 1e3:9.3f} ms "
         f"{s['bytes_read_per_s'] / 1e9:8.1f} GB/s {s['fraction_of_spec_bandwidth'] or float('nan'):6.3f}"
@@ -190,38 +169,41 @@ def models_case(repeats, spec, payload, quick, kernels) -> None:
 def switch_cases(c, ok, repeats, nbytes, spec, payload, kernels, only=None) -> None:
   """Kernel choices on and off, each beside one ``lax.sort`` of the packed keys: the sweep at
   T = 1000 by one sort (``_sorted_sums``), the equal-mass ECE's edges by one sort
-  (``_sort.order_statistics``), and, with module switches still (the risk-coverage family
-  takes no ``Kernels`` yet), the AURC family's group tiles and the AURC scan's group starts by
-  running maxima."""
-  from cwsa_jax import _risk_coverage_kernels
+  (``_sort.order_statistics``), the AURC family's group tiles and the AURC scan's group starts
+  by running maxima."""
+  from cwsa_jax import _risk_coverage as rc
   t = jnp.asarray(accelerator.bench.thresholds(1000))
   sort_fn = accelerator.packed_sort()
   sorts, scans = ("public_sort_on", "public_sort_off"), ("running_max", "scatter_gather")
   tiles = ("group_tiles", "xla_scans")
   mass_ece = lambda kernels: lambda c, k: _calibration._ece(  # noqa: E731
       c, k, binning="mass", kernels=kernels)
-  # (name, function, module or None, switch, labels): with no module the function is one of
-  # the kernels and the switch a Kernels option
-  for name, fn, module, switch, labels in (
-      ("sweep_T1000", _sweep_with(t), None, "sorted_sums", sorts),
-      ("ece_mass", mass_ece, None, "select_by_sort", sorts),
-      ("aurc_step", cj.aurc, _group_areas, "ENABLED", tiles),
-      ("aurc_trapezoid", lambda c, k: cj.aurc(c, k, convention="trapezoid"), _group_areas,
-       "ENABLED", tiles),
-      ("eaurc_step", cj.eaurc, _group_areas, "ENABLED", tiles),
-      ("summary_trapezoid", lambda c, k: cj.risk_coverage_summary(c, k, convention="trapezoid"),
-       _group_areas, "ENABLED", tiles),
-      ("curve", cj.risk_coverage_curve, _risk_coverage_kernels, "STARTS_BY_RUNNING_MAX", scans)):
+  def summary(convention, field=None, binary=False):
+    def of(kernels):
+      def fn(c, k):
+        s = rc._summary(c, k, convention, binary=binary, with_eaurc=field in (None, "eaurc"),
+                        kernels=kernels)
+        return s if field is None else getattr(s, field)
+      return fn
+    return of
+
+  curve = lambda kernels: functools.partial(rc._curve, kernels=kernels)  # noqa: E731
+  # (name, function of the kernels, the Kernels option switched, labels)
+  for name, fn, switch, labels in (
+      ("sweep_T1000", _sweep_with(t), "sorted_sums", sorts),
+      ("ece_mass", mass_ece, "select_by_sort", sorts),
+      ("aurc_step", summary("step", "aurc"), "group_areas", tiles),
+      ("aurc_trapezoid", summary("trapezoid", "aurc"), "group_areas", tiles),
+      ("eaurc_step", summary("step", "eaurc", binary=True), "group_areas", tiles),
+      ("summary_trapezoid", summary("trapezoid"), "group_areas", tiles),
+      ("curve", curve, "starts_by_running_max", scans)):
     if only is not None and name not in only:
       continue
-    out = {"switch": f"Kernels.{switch}" if module is None else f"{module.__name__}.{switch}"}
+    out = {"switch": f"Kernels.{switch}"}
     payload["cases"][name] = out
     try:
       differences = []
-      if module is None:
-        on, off, out["equal"] = configured(fn, kernels, switch, c, ok, differences=differences)
-      else:
-        on, off, out["equal"] = switched(fn, module, switch, c, ok, differences=differences)
+      on, off, out["equal"] = configured(fn, kernels, switch, c, ok, differences=differences)
       out["max_relative_difference"] = differences[0]
     except Exception as e:  # noqa: BLE001 - report and go on
       out["error"] = f"{type(e).__name__}: {str(e)[:400]}"

@@ -55,7 +55,7 @@ def ttir(form: str, block: int, warps: int, stages: int, num_rows: int, live: in
   import numpy as np  # noqa: PLC0415
   from jax._src.pallas.triton import pallas_call_registration as registration  # noqa: PLC0415
 
-  from cwsa_jax import _dense  # noqa: PLC0415
+  from cwsa_jax._kernels import _dense  # noqa: PLC0415
   captured = []
   lower = registration.lowering.lower_jaxpr_to_triton_module
 

@@ -126,7 +126,7 @@ On that CPU, at n = {n}, `np.sort` of int32 keys took {np_default} ms with the d
 The kit sorts with NumPy on the CPU, so its rank metrics, and the NumPy baselines, follow that choice;
 torch does not. Where a stable order is needed ("published_code", graded correctness) the kit sorts
 (key, position) words with `np.sort`, except where NumPy's AVX-512 sort runs on Zen 4: there it uses a
-two-pass radix sort of 16-bit digits (`radix stable order int32` above; `cwsa_jax/_sort.py`, chosen at
+two-pass radix sort of 16-bit digits (`radix stable order int32` above; `cwsa_jax/_kernels/_sort.py`, chosen at
 import; both give the same order).
 """
 
@@ -214,7 +214,7 @@ its cost is flat in T. The ECE bins the same way. Inside `jit`/`vmap` the sweep'
 confidences that are NaN or outside [0, 1] and flags a row whose exact count of kept samples is short
 of n (`_sweep.kept_count`); concrete input, checked before the call, skips that compare. On the CPU
 backend the sorts run in NumPy through an XLA host callback that sorts XLA's own buffer
-(`cwsa_jax/_sort.py`), `lax.sort` everywhere else; the results are identical, and jit, vmap and grad
+(`cwsa_jax/_kernels/_sort.py`), `lax.sort` everywhere else; the results are identical, and jit, vmap and grad
 work the same. `evaluate`'s intervals come from one sort and one bucketing of the data: each resample
 is a multiplicity per sample (no re-sort; Poisson multiplicities by default, drawn in a jitted call
 of their own as int8), its bucket sums one variadic reduction over blocks of the sorted samples plus
@@ -296,12 +296,16 @@ Every result checked against the float64 NumPy baselines (n up to {check_max_n})
 {max_rel} relative.
 """
 
+# Module switches that older result files name, and the ``Kernels`` options that replaced them.
+_SWITCHES = {"cwsa_jax._group_areas.ENABLED": "Kernels.group_areas",
+             "cwsa_jax._risk_coverage_kernels.STARTS_BY_RUNNING_MAX": "Kernels.starts_by_running_max"}
+
 TEXT["gpu_aurc"] = """\
 ### The AURC family against one sort
 
 Goal: `aurc` within {goal}x of one `lax.sort` of the same packed int32 keys at n = {n}; in
 `gpu.json` it took {ratio}x ({met}). On CUDA, `aurc` and `augrc` of boolean correctness ("step",
-"trapezoid") sort the packed keys, and then `cwsa_jax/_group_areas.py` reads one byte per sample (its
+"trapezoid") sort the packed keys, and then `cwsa_jax/_kernels/_group_areas.py` reads one byte per sample (its
 error, whether it starts or ends a tie group) in one Pallas kernel, instead of XLA's prefix sums and
 running maxima over the whole array (several passes): group starts within rows of samples by the
 highest set bit of a running sum of start bits, across rows by a masked maximum, across tiles by XLA
@@ -322,7 +326,7 @@ TEXT["gpu_dense"] = """\
 
 Goal: `sweep` and `ece` at n = {n} reading at {goal} of the spec bandwidth; in `gpu.json` they read
 at {fractions}. One `jnp.sum` over the same arrays took {floor_ms} ms ({floor_rate} GB/s,
-{floor_pct} of the spec). The exact per-bucket sums (`cwsa_jax/_dense.py`, the same integers as the
+{floor_pct} of the spec). The exact per-bucket sums (`cwsa_jax/_kernels/_dense.py`, the same integers as the
 scatter path, bit for bit) come in forms: "lanes" (per thread, float32 accumulators of the mask times
 each column, exact while the counts fit a float32 significand, no tensor cores), "bits" (a
 tensor-core product of a mask of zeros and ones with small-base digit columns), "int8" (int8 operands
@@ -1045,7 +1049,8 @@ def gpu_sections(R: Records) -> list[str]:
   aurc_ratio = goals.get("aurc_over_lax_sort")
   goal = goals.get("aurc_sort_goal")
   met = DASH if aurc_ratio is None or goal is None else ("met" if aurc_ratio <= goal else "not met")
-  switches = sorted({c.get("switch") for _, c in aurc_cases if c.get("switch")})
+  switches = sorted({_SWITCHES.get(c["switch"], c["switch"]) for _, c in aurc_cases
+                     if c.get("switch")})
   out.append(TEXT["gpu_aurc"].format(
       goal=plain(goal), n=size(goals.get("n")), ratio=ratio(aurc_ratio), met=met,
       switch="`, `".join(switches) or DASH, source=source("gpu_choices-d125930.json", old_choices),

@@ -43,9 +43,9 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from cwsa_jax import _dispatch
+from cwsa_jax._kernels import _dispatch
 from cwsa_jax import _mesh
-from cwsa_jax import _sort
+from cwsa_jax._kernels import _sort
 
 _DIGIT_BASE = 256.0
 _CARRY_BITS = 12

@@ -40,10 +40,8 @@ counts). On CUDA GPUs, ``aurc``, ``augrc``, ``eaurc`` and
 ``risk_coverage_summary`` of boolean correctness ("step", "trapezoid") read
 one byte per sorted sample in one Pallas kernel and a few XLA reductions
 instead of the scans (``_group_areas``). The sort is most of the time on CPU, so the
-speed against NumPy and torch follows NumPy's sort
-(``benchmarks/bench_vs_numpy.py``, the README's speed section: ahead of both
-with NumPy's AVX2 sort, behind torch's parallel radix sort at n <= 1e6 where
-NumPy's AVX-512 sort is slow). Binary losses are summed in integers (exact);
+speed against NumPy and torch follows NumPy's sort (``benchmarks/bench_vs_numpy.py``,
+docs/performance.md). Binary losses are summed in integers (exact);
 graded ones with compensated float32 sums. The sort, the scan and the kernels
 are in ``_risk_coverage_kernels``, the area and E-AURC formulas in ``_areas``;
 this module checks the inputs and batches the rows.
@@ -73,12 +71,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cwsa_jax._kernels import _dispatch
 from cwsa_jax import _public
 from cwsa_jax import _validation
 # The kernels (sort, tie-group scan, areas, curve, working points) and the result types.
 from cwsa_jax._risk_coverage_kernels import RiskCoverageCurve
 from cwsa_jax._risk_coverage_kernels import RiskCoverageSummary
-from cwsa_jax._risk_coverage_kernels import _aurc_impl
 from cwsa_jax._risk_coverage_kernels import _coverage_at_risk_impl
 from cwsa_jax._risk_coverage_kernels import _curve_impl
 from cwsa_jax._risk_coverage_kernels import _risk_at_coverage_impl
@@ -159,10 +157,7 @@ def aurc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Arr
   References:
     Geifman & El-Yaniv, "Selective classification for deep neural networks", 2017.
   """
-  _check_convention(convention)
-  c, k, invalid = _prepare(confidences, correct)
-  fn = functools.partial(_aurc_impl, convention=convention)
-  return _validation.poison(_batched(fn, c.ndim)(c, k)[0], rows=invalid)
+  return _summary(confidences, correct, convention, with_eaurc=False).aurc
 
 
 @_public.entry
@@ -204,10 +199,7 @@ def augrc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Ar
     Traub et al., "Overcoming common flaws in the evaluation of selective
     classification systems", NeurIPS 2024.
   """
-  _check_convention(convention)
-  c, k, invalid = _prepare(confidences, correct)
-  fn = functools.partial(_aurc_impl, convention=convention)
-  return _validation.poison(_batched(fn, c.ndim)(c, k)[1], rows=invalid)
+  return _summary(confidences, correct, convention, with_eaurc=False).augrc
 
 
 @_public.entry
@@ -245,10 +237,7 @@ def eaurc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Ar
     >>> print(round(float(eaurc([0.9, 0.8, 0.7], [True, False, True])), 4))
     0.1667
   """
-  _check_convention(convention)
-  c, k, invalid = _prepare(confidences, correct, binary=True)
-  fn = functools.partial(_summary_impl, convention=convention)
-  return _validation.poison(_batched(fn, c.ndim)(c, k).eaurc, rows=invalid)
+  return _summary(confidences, correct, convention, binary=True).eaurc
 
 
 @_public.entry
@@ -272,10 +261,7 @@ def risk_coverage_summary(confidences: Any, correct: Any, *,
     >>> print(round(float(s.aurc), 4), round(float(s.augrc), 4), round(float(s.eaurc), 4))
     0.1111 0.1111 0.0
   """
-  _check_convention(convention)
-  c, k, invalid = _prepare(confidences, correct)
-  fn = functools.partial(_summary_impl, convention=convention)
-  return _validation.poison(_batched(fn, c.ndim)(c, k), rows=invalid)
+  return _summary(confidences, correct, convention)
 
 
 @_public.entry
@@ -301,18 +287,37 @@ def risk_coverage_curve(confidences: Any, correct: Any) -> RiskCoverageCurve:
     >>> print(m, [round(float(x), 2) for x in curve.coverage[:m]], [round(float(x), 3) for x in curve.risk[:m]])
     3 [0.5, 0.75, 1.0] [0.5, 0.667, 0.5]
   """
+  return _curve(confidences, correct)
+
+
+def _summary(confidences: Any, correct: Any, convention: str, *, binary: bool = False,
+             with_eaurc: bool = True,
+             kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> RiskCoverageSummary:
+  """The checked summary of [..., n] inputs (E-AURC NaN without ``with_eaurc``), invalid rows
+  NaN: every area metric's body, with the kernels it runs."""
+  _check_convention(convention)
+  c, k, invalid = _prepare(confidences, correct, binary=binary)
+  fn = functools.partial(_summary_impl, convention=convention, with_eaurc=with_eaurc,
+                         kernels=kernels)
+  return _validation.poison(_batched(fn, c.ndim)(c, k), rows=invalid)
+
+
+def _curve(confidences: Any, correct: Any, *,
+           kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> RiskCoverageCurve:
+  """:func:`risk_coverage_curve` with the kernels it runs."""
   c, k, invalid = _prepare(confidences, correct)
-  return _validation.poison(_batched(_curve_impl, c.ndim)(c, k), rows=invalid)
+  fn = functools.partial(_curve_impl, kernels=kernels)
+  return _validation.poison(_batched(fn, c.ndim)(c, k), rows=invalid)
 
 
 def _at_targets(impl, confidences: Any, correct: Any, targets: Any, name: str, *,
-               low_open: bool) -> jax.Array:
+               low_open: bool, kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> jax.Array:
   """``impl(c, correct, targets)`` over the leading axes of the scores, for any shape of
   targets in [0, 1] (``(0, 1]`` with ``low_open``); invalid rows and targets give NaN."""
   c, k, invalid = _prepare(confidences, correct)
   t = _validation.as_float_array(targets, name).astype(jnp.float32)
   target_flag = _validation.check_range(t, name, low_open=low_open)
-  result = _batched(impl, c.ndim, 1)(c, k, t)
+  result = _batched(functools.partial(impl, kernels=kernels), c.ndim, 1)(c, k, t)
   return _validation.poison(result, rows=invalid, items=target_flag)
 
 

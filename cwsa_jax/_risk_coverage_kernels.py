@@ -18,9 +18,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from cwsa_jax import _areas
-from cwsa_jax import _group_areas
+from cwsa_jax._kernels import _dispatch
+from cwsa_jax._kernels import _group_areas
 from cwsa_jax import _mesh
-from cwsa_jax import _sort
+from cwsa_jax._kernels import _sort
 from cwsa_jax import _stats
 
 # Working-point comparisons allow this much (about 2.4e-7): float32 cannot hold
@@ -170,19 +171,13 @@ def _scan_sequential(keys: jax.Array, losses: jax.Array, carry: _Carry):
   return carry._replace(key=keys[-1]), (new, prev_key, cum, start, before, groups)
 
 
-# Binary losses: each slot's group start and the E before it by running maxima (True) or
-# by a scatter of the starts and a gather (False; the form for graded losses, whose
-# tree-summed E need not be monotone). An A/B switch for benchmarks/gpu_choices.py.
-STARTS_BY_RUNNING_MAX = True
-
-
-def _scan_parallel(keys: jax.Array, losses: jax.Array, carry: _Carry):
+def _scan_parallel(keys: jax.Array, losses: jax.Array, carry: _Carry, running_max: bool = True):
   """One chunk as parallel prefix sums, and each slot's group start by one scatter and a gather.
 
   Integer running sums are ``lax.cumsum`` (one library scan on GPUs); float
   losses use a tree-shaped scan (``associative_scan``, rounding error
   O(log n)). Binary losses: each slot's group start and the E before it are
-  running maxima (:data:`STARTS_BY_RUNNING_MAX`); graded losses: the group
+  running maxima (``running_max``; False: as graded losses); graded losses: the group
   starts are written to a table indexed by the group number (each start its
   own entry) and read back at every slot.
   """
@@ -199,7 +194,7 @@ def _scan_parallel(keys: jax.Array, losses: jax.Array, carry: _Carry):
   cum = shifted(carry.cum, cum_incl)
   local = lax.cumsum(new.astype(jnp.int32))  # group starts in this chunk at slots <= k
   groups_incl = carry.groups + local
-  if losses.dtype == jnp.int32 and STARTS_BY_RUNNING_MAX:
+  if losses.dtype == jnp.int32 and running_max:
     # k increases and the integer E never decreases: the latest start and the E
     # before it are running maxima over the starts (two scans, no scatter).
     # (Slots k >= 1, so a positive running maximum means a start was seen; the group
@@ -222,12 +217,14 @@ def _scan_parallel(keys: jax.Array, losses: jax.Array, carry: _Carry):
 
 
 def _scan_groups(keys: jax.Array, losses: jax.Array, reduce, init, *, chunk: int,
-                 sequential: bool):
-  """Folds ``reduce(acc, slots, chunk_index)`` over the tie-group scan of sorted outcomes."""
+                 sequential: bool, running_max: bool = True):
+  """Folds ``reduce(acc, slots, chunk_index)`` over the tie-group scan of sorted outcomes
+  (``running_max``: how the parallel scan finds the group starts of binary losses)."""
   zero = jnp.zeros((), losses.dtype)
   one = jnp.ones((), jnp.int32)
   carry = _Carry(zero, zero, one, zero, jnp.asarray(_NO_KEY, jnp.int32), one, 0 * one)
-  scan = _scan_sequential if sequential else _scan_parallel
+  scan = (_scan_sequential if sequential
+          else functools.partial(_scan_parallel, running_max=running_max))
 
   def body(i, state):
     carry, acc = state
@@ -321,7 +318,7 @@ def _published_binary(c, correct, *, with_eaurc):
       aurc_value, n, num_errors, errors_first_m, None, None, "published_code", oracle))
 
 
-def _summary_kernel(c, correct, *, convention, sequential, with_eaurc):
+def _summary_kernel(c, correct, *, convention, sequential, with_eaurc, running_max=True):
   """AURC, AUGRC and (binary correctness, ``with_eaurc``) E-AURC of one row.
 
   E-AURC is ``max(AURC - oracle, 0)``, and exactly 0 when the order is
@@ -356,7 +353,8 @@ def _summary_kernel(c, correct, *, convention, sequential, with_eaurc):
   num_chunks = length // chunk
   width = 2 + (with_eaurc and convention != "trapezoid")
   init = (jnp.zeros((num_chunks, width), jnp.float32), jnp.zeros((3,), jnp.int32))
-  sums, counts = _scan_groups(keys, losses, reduce, init, chunk=chunk, sequential=sequential)
+  sums, counts = _scan_groups(keys, losses, reduce, init, chunk=chunk,
+                           sequential=sequential, running_max=running_max)
   total = jnp.sum(sums, axis=0)  # pairwise over chunks
   aurc_value, augrc_value = _areas.areas(total[0], total[1], n)
   if not with_eaurc:
@@ -385,27 +383,25 @@ def _eaurc(aurc_value, n, num_errors, errors_first_m, starts_after_m, start_at_m
   return _areas.eaurc(aurc_value, oracle, _areas.one_class(num_errors, n) | optimal)
 
 
-def _per_backend(kernel, *args, cuda=None, **options):
-  """``kernel(*args, sequential=...)``: the sequential form on CPU, the parallel one elsewhere
-  (or ``cuda(*args)`` on CUDA GPUs, where given)."""
-  return _by_platform(
-      *args, cpu=functools.partial(kernel, sequential=True, **options),
-      default=functools.partial(kernel, sequential=False, **options),
-      **({} if cuda is None else {"cuda": cuda}))
+def _per_backend(kernel, kernels: _dispatch.Kernels, *args, cuda=None, **options):
+  """``kernel(*args, sequential=...)`` as ``kernels`` picks: the sequential form on CPU, the
+  parallel one elsewhere (or ``cuda(*args)`` on CUDA GPUs, where given)."""
+  return kernels.pick(
+      "risk_coverage", *args, cpu=functools.partial(kernel, sequential=True, **options),
+      default=functools.partial(kernel, sequential=False,
+                                running_max=kernels.starts_by_running_max, **options),
+      cuda=cuda)
 
 
-# Picks the form when the computation is lowered (tests call the CUDA form on the CPU).
-_by_platform = lax.platform_dependent
-
-
-def _summary_by_tiles(c, correct, *, convention, with_eaurc):
+def _summary_by_tiles(c, correct, *, convention, with_eaurc,
+                      kernels: _dispatch.Kernels = _dispatch.DEFAULT):
   """:func:`_summary_kernel` of boolean outcomes on CUDA GPUs: the sort, ``_group_areas``'
   kernel for the areas, and for E-AURC XLA reductions of the same bytes (the errors among the
   first m, the group starts after position m and at m + 1) and the oracle's closed sum."""
   n = c.shape[0]
   keys, errors = _sorted_outcomes(c, correct, keep_input_order=False, length=n + 1)
   byte = _group_areas.flags(keys, errors, n)
-  aurc_sum, augrc_sum = _group_areas.area_sums(byte, convention=convention)
+  aurc_sum, augrc_sum = _group_areas.area_sums(byte, convention=convention, kernels=kernels)
   aurc_value, augrc_value = _areas.areas(aurc_sum, augrc_sum, n)
   if not with_eaurc:
     return RiskCoverageSummary(aurc_value, augrc_value, jnp.float32(jnp.nan))
@@ -425,25 +421,16 @@ def _summary_by_tiles(c, correct, *, convention, with_eaurc):
                              _eaurc(aurc_value, n, num_errors, *counts, convention, oracle))
 
 
-def _summary_per_backend(c, correct, *, convention, with_eaurc):
+@functools.partial(jax.jit, static_argnames=("convention", "with_eaurc", "kernels"))
+def _summary_impl(c, correct, *, convention, with_eaurc, kernels):
   """:func:`_summary_kernel` on every backend: ``_summary_by_tiles`` on CUDA GPUs where it
   applies (boolean correctness, "step" or "trapezoid")."""
   cuda = None
-  if _group_areas.applies(c, correct, convention):
-    cuda = functools.partial(_summary_by_tiles, convention=convention, with_eaurc=with_eaurc)
-  return _per_backend(_summary_kernel, c, correct, cuda=cuda, convention=convention,
+  if _group_areas.applies(c, correct, convention, kernels=kernels):
+    cuda = functools.partial(_summary_by_tiles, convention=convention, with_eaurc=with_eaurc,
+                             kernels=kernels)
+  return _per_backend(_summary_kernel, kernels, c, correct, cuda=cuda, convention=convention,
                       with_eaurc=with_eaurc)
-
-
-@functools.partial(jax.jit, static_argnames=("convention",))
-def _summary_impl(c, correct, *, convention):
-  return _summary_per_backend(c, correct, convention=convention, with_eaurc=True)
-
-
-@functools.partial(jax.jit, static_argnames=("convention",))
-def _aurc_impl(c, correct, *, convention):
-  s = _summary_per_backend(c, correct, convention=convention, with_eaurc=False)
-  return s.aurc, s.augrc
 
 
 # --------------------------------------------------------------------------
@@ -488,7 +475,7 @@ def _curve_binary_sequential(c, correct):
   return RiskCoverageCurve(thresholds, *points[1:], num_points=num_points)
 
 
-def _curve_kernel(c, correct, *, sequential):
+def _curve_kernel(c, correct, *, sequential, running_max=True):
   if sequential and correct.dtype == jnp.bool_:
     return _curve_binary_sequential(c, correct)
   n = c.shape[0]
@@ -513,7 +500,7 @@ def _curve_kernel(c, correct, *, sequential):
   size = n + chunk
   init = (jnp.zeros((size,), jnp.int32), jnp.zeros((size,), losses.dtype), jnp.zeros((), jnp.int32))
   ends, cums, num_points = _scan_groups(keys, losses, reduce, init, chunk=chunk,
-                                        sequential=sequential)
+                                        sequential=sequential, running_max=running_max)
 
   # Group g ends at position ends[g] (1-based); the padding repeats the last
   # group, which always ends at n.
@@ -526,9 +513,9 @@ def _curve_kernel(c, correct, *, sequential):
   return RiskCoverageCurve(thresholds, *out[1:], num_points=num_points)
 
 
-@jax.jit
-def _curve_impl(c, correct):
-  return _per_backend(_curve_kernel, c, correct)
+@functools.partial(jax.jit, static_argnames=("kernels",))
+def _curve_impl(c, correct, *, kernels):
+  return _per_backend(_curve_kernel, kernels, c, correct)
 
 
 @jax.custom_jvp
@@ -570,7 +557,7 @@ def _first_position(n: int, target: jax.Array) -> jax.Array:
   return jnp.minimum(low + 1, n)
 
 
-def _risk_at_coverage_kernel(c, correct, target, *, sequential):
+def _risk_at_coverage_kernel(c, correct, target, *, sequential, running_max=True):
   n = c.shape[0]
   chunk, length = _layout(n, sequential)
   keys, losses = _sorted_outcomes(c, correct, keep_input_order=False, length=length)
@@ -584,16 +571,17 @@ def _risk_at_coverage_kernel(c, correct, target, *, sequential):
     return acc + jnp.sum(jnp.where(holds, _risk(s)[:, None], jnp.float32(0.0)), axis=0)
 
   init = jnp.zeros(flat.shape, jnp.float32)
-  result = _scan_groups(keys, losses, reduce, init, chunk=chunk, sequential=sequential)
+  result = _scan_groups(keys, losses, reduce, init, chunk=chunk,
+                     sequential=sequential, running_max=running_max)
   return result.reshape(target.shape)
 
 
-@jax.jit
-def _risk_at_coverage_impl(c, correct, target):
-  return _per_backend(_risk_at_coverage_kernel, c, correct, target)
+@functools.partial(jax.jit, static_argnames=("kernels",))
+def _risk_at_coverage_impl(c, correct, target, *, kernels):
+  return _per_backend(_risk_at_coverage_kernel, kernels, c, correct, target)
 
 
-def _coverage_at_risk_kernel(c, correct, target, *, sequential):
+def _coverage_at_risk_kernel(c, correct, target, *, sequential, running_max=True):
   n = c.shape[0]
   chunk, length = _layout(n, sequential)
   keys, losses = _sorted_outcomes(c, correct, keep_input_order=False, length=length)
@@ -604,10 +592,11 @@ def _coverage_at_risk_kernel(c, correct, target, *, sequential):
     return jnp.maximum(acc, jnp.max(jnp.where(ok, (s.k - 1)[:, None], 0), axis=0))
 
   init = jnp.zeros(flat.shape, jnp.int32)
-  best = _scan_groups(keys, losses, reduce, init, chunk=chunk, sequential=sequential)
+  best = _scan_groups(keys, losses, reduce, init, chunk=chunk,
+                   sequential=sequential, running_max=running_max)
   return _per_sample(best.astype(jnp.float32), n).reshape(target.shape)
 
 
-@jax.jit
-def _coverage_at_risk_impl(c, correct, target):
-  return _per_backend(_coverage_at_risk_kernel, c, correct, target)
+@functools.partial(jax.jit, static_argnames=("kernels",))
+def _coverage_at_risk_impl(c, correct, target, *, kernels):
+  return _per_backend(_coverage_at_risk_kernel, kernels, c, correct, target)

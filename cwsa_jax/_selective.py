@@ -44,7 +44,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from cwsa_jax import _dispatch
+from cwsa_jax._kernels import _dispatch
 from cwsa_jax import _exact
 from cwsa_jax import _public
 from cwsa_jax import _stats

@@ -39,12 +39,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 
-from cwsa_jax import _dense
-from cwsa_jax import _dispatch
+from cwsa_jax._kernels import _dense
+from cwsa_jax._kernels import _dispatch
 from cwsa_jax import _exact
 from cwsa_jax import _public
-from cwsa_jax import _sort
-from cwsa_jax import _sorted_sums
+from cwsa_jax._kernels import _sort
+from cwsa_jax._kernels import _sorted_sums
 from cwsa_jax import _stats
 from cwsa_jax import _validation
 

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
-from cwsa_jax import _dispatch
+from cwsa_jax._kernels import _dispatch
 
 # Probability rows must sum to 1 within this absolute tolerance, for every
 # dtype (float32 softmax outputs of 10^4 classes and probabilities saved with

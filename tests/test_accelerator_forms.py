@@ -10,7 +10,6 @@ on them must give the same integers, so the same floats, as the CPU forms.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -20,51 +19,16 @@ import pytest
 
 import cwsa_jax as cj
 import reference
+from recording import Recording
 from cwsa_jax import _calibration
-from cwsa_jax import _dispatch
+from cwsa_jax._kernels import _dispatch
 from cwsa_jax import _exact
 from cwsa_jax import _select
 from cwsa_jax import _selective
 from cwsa_jax import _sweep
 
 DEFAULT = _dispatch.DEFAULT
-
-
-@dataclasses.dataclass(frozen=True)
-class Recording(_dispatch.Kernels):
-  """Kernels that record the choices they make: ``(site, form)`` of each form :meth:`pick`
-  traced (``lax.platform_dependent`` traces them all; a forced platform only its own), and
-  ``(array, answer)`` of :meth:`on_accelerator`. Each instance equals no other (``token``), so
-  the jitted internals trace it anew and every choice is recorded."""
-
-  picked: list = dataclasses.field(default_factory=list, compare=False, repr=False)
-  asked: list = dataclasses.field(default_factory=list, compare=False, repr=False)
-  token: object = dataclasses.field(default_factory=object, repr=False)
-
-  def pick(self, site, *args, **forms):
-    def traced(name, form):
-      def run(*a):
-        self.picked.append((site, name))
-        return form(*a)
-      return run
-
-    forms = {name: None if f is None else traced(name, f) for name, f in forms.items()}
-    return super().pick(site, *args, **forms)
-
-  def forms(self, site) -> set:
-    """The forms of ``site`` that were traced."""
-    return {name for s, name in self.picked if s == site}
-
-  def on_accelerator(self, x):
-    answer = super().on_accelerator(x)
-    self.asked.append((x, answer))
-    return answer
-
-  def times_asked(self, x) -> int:
-    """How often ``on_accelerator`` was asked about ``x`` (every answer True, as forced)."""
-    answers = [a for y, a in self.asked if y is x]
-    assert all(answers), answers
-    return len(answers)
+INTERPRETED = _dispatch.Kernels(interpret=True)  # Pallas kernels through the interpreter
 
 
 def _sweep_with(kernels, c, k, t, **options):
@@ -232,7 +196,7 @@ def test_dense_bucket_sums_equal_scatter_sums_on_random_draws():
   """Random sizes, grids (ties, samples on thresholds, 0 and 1), rows, launch shapes and
   confidences NaN or outside [0, 1]:
   ``_dense.bucket_sums`` (interpreted) gives the scatter path's integers."""
-  from cwsa_jax import _dense
+  from cwsa_jax._kernels import _dense
   interpreted = _dispatch.Kernels(interpret=True)
   scatter = jax.jit(functools.partial(_sweep._bucket_sums_impl, num_groups=None, masked=False,
                                       given=False, drop_invalid=True, dense=False))
@@ -288,7 +252,7 @@ def test_sorted_bucket_sums_equal_scatter_sums_on_random_draws():
   """Sizes around the 4096-sample chunks, ties, samples on thresholds, thresholds outside [0, 1],
   confidences NaN or outside [0, 1]."""
   import functools
-  from cwsa_jax import _sorted_sums
+  from cwsa_jax._kernels import _sorted_sums
   scatter = jax.jit(functools.partial(_sweep._bucket_sums_impl, num_groups=None, masked=False,
                                       given=False, drop_invalid=True, dense=False))
   rng = np.random.default_rng(9)
@@ -333,17 +297,14 @@ def _tile_case(rng, n, kind):
 
 
 @pytest.mark.parametrize("convention", ["step", "trapezoid"])
-def test_group_areas_equal_reference_across_tiles(convention, monkeypatch):
+def test_group_areas_equal_reference_across_tiles(convention):
   """``_group_areas``' kernel (interpreted) after the sort, and E-AURC from the same bytes: the
   float64 reference's AURC, AUGRC and E-AURC, and the CPU scan's, at sizes around its rows (32)
   and tiles (2048), with tie groups inside rows, across rows and across tiles, every sample tied,
   and all correct or all wrong; exactly 0 for an optimal order."""
-  import functools
-  from cwsa_jax import _group_areas
   from cwsa_jax import _risk_coverage_kernels as rc
-  monkeypatch.setattr(_group_areas, "INTERPRET", True)
   tiles = jax.jit(functools.partial(rc._summary_by_tiles, convention=convention,
-                                    with_eaurc=True))
+                                    with_eaurc=True, kernels=INTERPRETED))
   scan = jax.jit(functools.partial(rc._summary_kernel, convention=convention, with_eaurc=True,
                                    sequential=True))
   rng = np.random.default_rng(17)
@@ -370,46 +331,41 @@ def test_group_areas_equal_reference_across_tiles(convention, monkeypatch):
       assert float(scan(perfect, ok).eaurc) == 0.0, (n, kind)
 
 
-def test_aurc_cuda_form_equals_cpu_form(monkeypatch):
-  """The public AURC, AUGRC, E-AURC and summary with the CUDA form (sort, then
-  ``_group_areas``) forced, batched rows included: the CPU form's values to float32 rounding;
-  graded correctness and the "published_code" convention keep the parallel scan."""
-  from cwsa_jax import _group_areas
-  from cwsa_jax import _risk_coverage_kernels as rc
-  monkeypatch.setattr(_group_areas, "INTERPRET", True)
+def test_aurc_cuda_form_equals_cpu_form():
+  """AURC, AUGRC, E-AURC and the summary with the CUDA form (sort, then ``_group_areas``)
+  forced, batched rows included: the CPU form's values to float32 rounding; graded
+  correctness and the "published_code" convention keep the parallel scan."""
+  from cwsa_jax import _risk_coverage as rc
   c2 = C[:6000].reshape(2, -1)
   ok2 = OK[:6000].reshape(2, -1)
 
-  def kernels():
-    return [cj.aurc(C, OK), cj.augrc(C, OK, convention="trapezoid"), cj.aurc(c2, ok2),
-            jax.vmap(lambda c, k: cj.aurc(c, k, convention="trapezoid"))(c2, ok2),
-            *cj.risk_coverage_summary(C, OK), cj.eaurc(c2, ok2, convention="trapezoid"),
-            cj.aurc(C, KAPPA), cj.aurc(C, OK, convention="published_code")]
+  def metrics(kernels):
+    summary = functools.partial(rc._summary, kernels=kernels)
+    return [summary(C, OK, "step").aurc, summary(C, OK, "trapezoid").augrc,
+            summary(c2, ok2, "step").aurc,
+            jax.vmap(lambda c, k: summary(c, k, "trapezoid").aurc)(c2, ok2),
+            *summary(C, OK, "step"), summary(c2, ok2, "trapezoid", binary=True).eaurc,
+            summary(C, KAPPA, "step").aurc, summary(C, OK, "published_code").aurc]
 
-  want = [np.asarray(x) for x in kernels()]
-  used = []
-
-  def cuda_form(*args, cpu, default, cuda=None):
-    del cpu
-    used.append(cuda is not None)
-    return (cuda or default)(*args)
-
-  monkeypatch.setattr(rc, "_by_platform", cuda_form)
-  jax.clear_caches()
-  try:
-    got = [np.asarray(x) for x in kernels()]
-  finally:
-    jax.clear_caches()
+  want = [np.asarray(x) for x in metrics(DEFAULT)]
+  forced = Recording(platform="cuda", interpret=True)
+  got = [np.asarray(x) for x in metrics(forced)]
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=2e-6, atol=1e-9)
-  assert used.count(True) == 6 and used.count(False) >= 2
+  # Boolean outcomes with "step" or "trapezoid" take the kernel, the rest the parallel scan.
+  assert forced.forms("risk_coverage") == {"cuda", "default"}
+  for c, k, convention in ((C, KAPPA, "step"), (C, OK, "published_code")):
+    alone = Recording(platform="cuda", interpret=True)
+    rc._summary(c, k, convention, kernels=alone)
+    assert alone.forms("risk_coverage") == {"default"}, convention
+  assert (cj.aurc(C, OK), cj.eaurc(C, OK)) == (want[0], want[6])
 
 
 def test_group_areas_not_offered_inside_shard_map():
   """Samples that vary over an enclosing ``shard_map``'s mesh axes keep the XLA scans on CUDA (as
   ``_dense`` does): ``_group_areas.applies`` is false there, true for the same samples outside."""
   from jax.sharding import PartitionSpec as P
-  from cwsa_jax import _group_areas
+  from cwsa_jax._kernels import _group_areas
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
   seen = []
 
@@ -429,7 +385,7 @@ def test_group_areas_not_offered_inside_shard_map():
 def test_dense_refuses_inexact_accumulators(form, block, warps):
   """More than 1023 samples per float32 accumulator would overflow the count column that
   shares its bits with the correct count: refused, not summed wrong."""
-  from cwsa_jax import _dense
+  from cwsa_jax._kernels import _dense
   rows = jnp.asarray(np.concatenate([[-np.inf], np.linspace(0.5, 0.9, 15)]).astype(np.float32))
   c = jnp.full((1, 1 << 16), 0.7, jnp.float32)
   with pytest.raises(ValueError, match="1023 samples per accumulator"):
@@ -515,7 +471,7 @@ def test_unrolled_shares_64_rows_evenly(live):
   """64 mask rows with ``live`` of them holding samples: "unrolled", which gives each program
   its share of the live rows (32: one program, no padding row in it; 51: two of 26) and lays
   their sums back in row order, gives the product form's per-bucket sums, and 0 past ``live``."""
-  from cwsa_jax import _dense
+  from cwsa_jax._kernels import _dense
   rng = np.random.default_rng(live)
   c = jnp.asarray(np.round(rng.random((2, 700)), 2).astype(np.float32))
   ok = jnp.asarray(rng.random((2, 700)) < 0.6)

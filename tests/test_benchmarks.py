@@ -296,7 +296,7 @@ def test_gpu_choices_quick_checks_every_form_exact(script_runs):
     assert cases[name]["public_equal"] is True
     # the public functions ran with the fastest exact launch of their mask height
     assert cases[name]["public_launch"] == payload["launch"][height[name]]
-  from cwsa_jax import _dense
+  from cwsa_jax._kernels import _dense
   assert {h: launch[0] in _dense.FORMS for h, launch in payload["launch"].items()} == {
       "16": True, "32": True, "64": True}
   assert cases["sweep_64_models"]["public_equal"] is True

@@ -868,25 +868,20 @@ def test_area_prefix_form_equals_the_loop_across_ranges(convention):
       assert float(got[key]) == pytest.approx(float(want[key]), rel=2e-6, abs=1e-9), key
 
 
-def test_area_samples_with_the_prefix_form_equal_the_generic_path(monkeypatch):
+def test_area_samples_with_the_prefix_form_equal_the_generic_path():
   """bootstrap_ci of aurc (sort once, the area scan) with the accelerators' prefix form forced:
   the generic path's resample values to float32 rounding."""
-  from cwsa_jax._bootstrap import _area_scan as bs
+  from cwsa_jax._bootstrap import _engine, _intervals
+  from recording import Recording
   rng = np.random.default_rng(29)
   c = np.round(rng.random(3000), 2).astype(np.float32)
   ok = rng.random(3000) < c
   key = jax.random.key(4)
   generic = bootstrap_ci(lambda a, b: aurc(a, b, convention="trapezoid"), c, ok, key=key,
                          num_resamples=64, level=0.5)
-  calls = []
-  monkeypatch.setattr(bs, "_area_by_platform",
-                      lambda *args, cpu, default: calls.append(1) or default(*args))
-  jax.clear_caches()
-  try:
-    fast = bootstrap_ci(functools.partial(aurc, convention="trapezoid"), c, ok, key=key,
-                        num_resamples=64, level=0.5)
-  finally:
-    jax.clear_caches()
-  assert calls
-  for x, y in zip(fast, generic):
+  forced = Recording(platform="cuda")  # the accelerators' form (no CUDA form of its own)
+  samples = _engine._area_samples("aurc", "trapezoid", (c, ok), key=key, num_resamples=64,
+                                  kernels=forced)
+  assert forced.forms("area_scan") == {"default"}
+  for x, y in zip(_intervals._interval_jit(samples, jnp.float32(0.5)), generic[1:]):
     assert float(x) == pytest.approx(float(y), rel=2e-6)

@@ -24,7 +24,7 @@ import pytest
 from jax.experimental import checkify
 
 import cwsa_jax as cw
-from cwsa_jax import _dispatch
+from cwsa_jax._kernels import _dispatch
 from cwsa_jax import _validation
 from cwsa_jax import losses
 from cwsa_jax import streaming

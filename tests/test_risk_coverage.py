@@ -499,26 +499,25 @@ def test_decimal_targets_hit_exact_fractions():
 # ---------------------------------------------------------------------------
 
 
-def _kernels(sequential):
+def _kernels(sequential, running_max=True):
   from cwsa_jax import _risk_coverage_kernels as rc
+  forms = dict(sequential=sequential, running_max=running_max)
   summary = {conv: jax.jit(functools.partial(rc._summary_kernel, convention=conv, with_eaurc=True,
-                                             sequential=sequential)) for conv in CONVENTIONS}
-  return (summary, jax.jit(functools.partial(rc._curve_kernel, sequential=sequential)),
-          jax.jit(functools.partial(rc._risk_at_coverage_kernel, sequential=sequential)),
-          jax.jit(functools.partial(rc._coverage_at_risk_kernel, sequential=sequential)))
+                                             **forms)) for conv in CONVENTIONS}
+  return (summary, jax.jit(functools.partial(rc._curve_kernel, **forms)),
+          jax.jit(functools.partial(rc._risk_at_coverage_kernel, **forms)),
+          jax.jit(functools.partial(rc._coverage_at_risk_kernel, **forms)))
 
 
 @pytest.mark.parametrize("graded,running_max", [(False, True), (False, False), (True, True)])
-def test_parallel_scan_equals_sequential_scan_across_chunks(graded, running_max, monkeypatch):
+def test_parallel_scan_equals_sequential_scan_across_chunks(graded, running_max):
   # 40,000 samples: three CPU chunks, with tie groups straddling their borders. Binary
   # losses: the group starts by running maxima and by scatter and gather.
-  from cwsa_jax import _risk_coverage_kernels as rc
-  monkeypatch.setattr(rc, "STARTS_BY_RUNNING_MAX", running_max)
   rng = np.random.default_rng(11)
   conf, correct = random_case(rng, 40_000, decimals=3)
   kappa = rng.random(40_000).astype(np.float32) if graded else correct
   targets = jnp.array([0.05, 0.3, 0.5, 0.99, 1.0])
-  sequential, parallel = _kernels(True), _kernels(False)
+  sequential, parallel = _kernels(True), _kernels(False, running_max)
   for conv in CONVENTIONS:
     a, b = sequential[0][conv](conf, kappa), parallel[0][conv](conf, kappa)
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-9)

@@ -1,4 +1,4 @@
-"""cwsa_jax._sort (host and device halves, on CPU) and the exact conversions of cwsa_jax._exact."""
+"""cwsa_jax._kernels._sort (host and device halves, on CPU) and the exact conversions of cwsa_jax._exact."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cwsa_jax import _dispatch, _exact, _sort
+from cwsa_jax import _exact
+from cwsa_jax._kernels import _dispatch, _sort
 
 RNG = np.random.default_rng(0)
 KEYS = RNG.integers(-40, 40, (3, 500)).astype(np.int32)  # many ties

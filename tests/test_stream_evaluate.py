@@ -115,13 +115,12 @@ def test_stream_equals_in_memory(tmp_path, capsys, kind, ext, chunk_rows):
 
 @pytest.mark.parametrize("convention", ["step", "trapezoid"])
 def test_several_passes_give_the_same_numbers(tmp_path, capsys, monkeypatch, convention):
-  """A tiny sort budget makes AURC take many passes (bins sorted apart), and tiny slices sum
-  the tie groups in many steps, with equal results."""
+  """A tiny sort budget makes AURC take many passes (bins sorted apart), with equal results
+  (tiny slices of tie groups: test_exact_areas_match_the_float64_reference)."""
   path = write(tmp_path / "p.csv", *data("random"))
   aurc = ["--aurc", convention]
   in_memory = evaluate(capsys, tmp_path / "mem", path, "--bootstrap", "0", *aurc)
   monkeypatch.setenv(_stream.SORT_ROWS_ENV, "40")
-  monkeypatch.setattr(_stream, "_GROUP_SLICE", 5)
   streamed = evaluate(capsys, tmp_path / "stream", path, "--stream", "--chunk-rows", 300, *aurc)
   passes = streamed["streaming"]["passes"]
   assert passes > 3
@@ -168,7 +167,7 @@ def test_select_on_gives_the_in_memory_choice(tmp_path, capsys):
 
 @pytest.mark.parametrize("convention", ["step", "trapezoid"])
 @pytest.mark.parametrize("kind", ["random", "ties"])
-def test_exact_areas_match_the_float64_reference(tmp_path, monkeypatch, kind, convention):
+def test_exact_areas_match_the_float64_reference(tmp_path, kind, convention):
   """Pass 2's areas equal the float64 references to float64 rounding, whatever the budget
   and the slices its tie groups are summed in."""
   c, ok = data(kind, n=600, seed=7)
@@ -178,8 +177,8 @@ def test_exact_areas_match_the_float64_reference(tmp_path, monkeypatch, kind, co
               ref.eaurc(c, ok, convention)]
   in_memory = cw.risk_coverage_summary(c, ok, convention=convention)
   for budget, group_slice in [(1, 1), (50, 7), (10**9, 3), (10**9, 1 << 18)]:
-    monkeypatch.setattr(_stream, "_GROUP_SLICE", group_slice)
-    summary, passes, _ = _stream.exact_areas(paths, scanned, convention, 128, budget=budget)
+    summary, passes, _ = _stream.exact_areas(paths, scanned, convention, 128, budget=budget,
+                                             group_slice=group_slice)
     assert passes >= 1
     np.testing.assert_allclose(summary, expected, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(summary[:2], np.asarray(in_memory[:2], np.float64), rtol=1e-6)

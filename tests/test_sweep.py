@@ -251,7 +251,7 @@ def test_batched_bucket_sums_equal_row_by_row(chunk):
   """Leading axes are more segments of one pass: chunks of whole rows (each summed into its
   own rows' table) or, for rows longer than a chunk, the flattened samples. The exact sums
   equal those of each row alone, with groups and a mask too."""
-  from cwsa_jax import _dispatch
+  from cwsa_jax._kernels import _dispatch
   rng = np.random.default_rng(11)
   c = rng.uniform(0, 1, (3, 2, 700)).astype(np.float32)
   ok = rng.uniform(size=c.shape) < c

@@ -24,9 +24,9 @@ the commands that produced them, in the repository's
 
 XLA's CPU convolution *filter* gradients dominate the step time: the convs
 pass :func:`conv_general_dilated` to ``nnx.Conv``, which computes them as one
-matmul where that measured faster (few input channels), and give an odd number
-of input channels (CIFAR-10's 3) a channel of zeros, which made XLA's forward
-conv 7x faster. ``nnx.max_pool`` is
+matmul where that is faster (few input channels), and give an odd number
+of input channels (CIFAR-10's 3) a channel of zeros, which makes XLA's forward
+conv several times faster. ``nnx.max_pool`` is
 avoided because its gradient (``select_and_scatter_add``) is much slower on
 CPU than the reshape-and-max used here. Each block ends with one op for batch
 norm, ReLU and pooling (:func:`norm_relu_max_pool`): it pools first, then
@@ -94,20 +94,12 @@ def _batch_statistics(norm: nnx.BatchNorm, x: jax.Array) -> tuple[jax.Array, jax
 
 
 # Input channels up to which a stride-1 'SAME' conv's filter gradient is one matmul of
-# shifted copies of the input (:func:`_filter_gradient`) rather than XLA's. Measured on one
-# core of a 2-core Intel Xeon host, batch 64 (one device's share): 1 -> 32 channels at
-# 28x28 0.65 against 1.59 ms, 32 -> 64 at 14x14 5.7 against 11.8 ms, 3 -> 24 at 32x32 2.4
-# against 8.5 ms, 24 -> 48 at 16x16 5.1 against 9.8 ms; with 48 or 96 input channels XLA's
-# was faster (18.5 against 30.4 ms at 48 -> 48, 16x16). In the 2-device train step: MNIST
-# 22.6-24.0 against 21.5-21.7 steps/s; CIFAR-10 8.06-8.13 against 7.99-8.13 (its 3 -> 24
-# conv alone: 8.38-8.40), alternating runs of benchmarks/profile_train_step.py.
+# shifted copies of the input (:func:`_filter_gradient`) rather than XLA's: faster on XLA:CPU
+# with few input channels, slower with many (benchmarks/bench_handwritten.py,
+# docs/performance.md).
 MATMUL_FILTER_GRADIENT_MAX_CHANNELS = 32
-# XLA's CPU forward conv with an odd number of input channels, one core of the same host,
-# batch 64, 3x3 'SAME': 32x32 3 -> 24 11.2 ms, with a fourth channel of zeros 1.5 ms; 5 -> 24
-# 5.6 ms (6 -> 24: 1.8), 7 -> 24 7.1 (8 -> 24: 2.3); 1 -> 32 at 28x28 0.49 (padded: 1.0).
-# CIFAR-10 train step (profile_train_step.py, alternating): 9.6-9.9 against 8.9 steps/s.
-# (Tried, not kept: for more than 32 input channels, one matmul per kernel tap, 48 -> 48 at
-# 16x16 12.2 against 21.8 ms alone, made that step slower: 8.9-9.4 steps/s.)
+# XLA:CPU's forward conv is much slower with an odd number of input channels than with one
+# channel of zeros more (benchmarks/profile_train_step.py).
 ODD_CHANNELS_PADDED = True
 
 
@@ -248,7 +240,7 @@ def _norm_relu_max_pool_bwd(epsilon, residuals, g):
   g_sum, g_centred = jnp.sum(g, axes), jnp.sum(g * centred, axes)
   windows = _windows(x)
   # The ties per window, counted on its four strided corners (a quarter-size pass; a sum over
-  # the window axes made XLA write the full-size comparison out first, 2x slower on the CPU).
+  # the window axes made XLA write the full-size comparison out first).
   ties = sum((windows[:, :, i, :, j] == pooled).astype(x.dtype) for i in (0, 1) for j in (0, 1))
   share = g * mul / ties
   dx = jnp.where(windows == pooled[:, :, None, :, None], share[:, :, None, :, None], 0.0).reshape(

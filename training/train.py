@@ -394,9 +394,8 @@ class _Accuracy(nnx.metrics.Average):
   """``nnx.metrics.Accuracy`` of integer labels with float32 correctness (the same totals).
 
   Data parallel, a bool sum is an int32 all-reduce of its own, one more point where the
-  devices wait for each other; a float32 one joins the gradients' all-reduce (MNIST
-  step, profile_train_step.py: collective waits 5-6 against 10-12 ms a step, 21.5-22.0
-  against 20.5-21.8 steps/s).
+  devices wait for each other; a float32 one joins the gradients' all-reduce
+  (benchmarks/profile_train_step.py measures the waits).
   """
 
   def __init__(self):

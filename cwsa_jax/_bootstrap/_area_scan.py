@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from cwsa_jax import _areas
+from cwsa_jax._kernels import _dispatch
 
 _SCAN_BLOCK = 1024  # samples per block of the CPU loop's float32 sums
 
@@ -31,13 +32,14 @@ def _area_carry_zero(shape=()) -> _AreaCarry:
   return _AreaCarry(i0, i0, i0, i0, f0, f0, f0)
 
 
-def _area_scan(m, correct, group_end, carry: _AreaCarry, convention: str) -> _AreaCarry:
-  """The area scan over multiplicities ``m`` [n] (sorted order), from ``carry``: a sequential
-  loop on CPU (:func:`_area_loop`), prefix sums on accelerators (:func:`_area_prefix`), where
-  a loop of n steps runs one step per kernel launch."""
-  return _area_by_platform(m, correct, group_end, carry,
-                           cpu=functools.partial(_area_loop, convention=convention),
-                           default=functools.partial(_area_prefix, convention=convention))
+def _area_scan(m, correct, group_end, carry: _AreaCarry, convention: str,
+               kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> _AreaCarry:
+  """The area scan over multiplicities ``m`` [n] (sorted order), from ``carry``, as
+  ``kernels`` picks: a sequential loop on CPU (:func:`_area_loop`), prefix sums on
+  accelerators (:func:`_area_prefix`), where a loop of n steps runs one step per kernel launch."""
+  return kernels.pick("area_scan", m, correct, group_end, carry,
+                      cpu=functools.partial(_area_loop, convention=convention),
+                      default=functools.partial(_area_prefix, convention=convention))
 
 
 def _area_prefix(m, correct, group_end, carry: _AreaCarry, convention: str) -> _AreaCarry:
@@ -93,10 +95,6 @@ def _point_terms(end, k, e, k_last, e_last, r_last, step_rule: bool):
     return (point, *_areas.point_terms(width, risk, ef, "step"), risk)
   previous = (k_last > 0, r_last, e_last.astype(jnp.float32))
   return (point, *_areas.point_terms(width, risk, ef, "trapezoid", previous), risk)
-
-
-# Picks the area scan's form when the computation is lowered (tests force the prefix form).
-_area_by_platform = lax.platform_dependent
 
 
 def _area_loop(m, correct, group_end, carry: _AreaCarry, convention: str) -> _AreaCarry:

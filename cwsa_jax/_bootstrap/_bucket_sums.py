@@ -16,6 +16,7 @@ import numpy as np
 from jax import lax
 
 from cwsa_jax import _calibration
+from cwsa_jax._kernels import _dispatch
 from cwsa_jax import _exact
 from cwsa_jax import _stats
 from cwsa_jax import _sweep
@@ -62,6 +63,7 @@ class _Plan(NamedTuple):
   convention: str
   normalize: str
   scheme: str  # "multinomial" or "poisson"
+  kernels: _dispatch.Kernels = _dispatch.DEFAULT  # the area scan's form per platform
 
 
 @jax.jit

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from cwsa_jax._kernels import _dispatch
 from cwsa_jax import _risk_coverage
 from cwsa_jax import _stats
 from cwsa_jax import _sweep
@@ -78,7 +79,8 @@ def _metrics(bucket_sums, carry: _AreaCarry, retained, bins, thresholds, order, 
 
 
 def _evaluate(m, data, thresholds, order, plan):
-  carry = _area_scan(m, data.correct, data.group_end, _area_carry_zero(), plan.convention)
+  carry = _area_scan(m, data.correct, data.group_end, _area_carry_zero(), plan.convention,
+                     plan.kernels)
   return _metrics(_weighted_bucket_sums(m, data, plan.num_buckets), carry, data.retained,
                   data.bins, thresholds, order, plan)
 
@@ -200,8 +202,10 @@ class _EvaluationRun(NamedTuple):
 
   @classmethod
   def prepare(cls, confidences, correct, thresholds, num_bins, ece_norm, aurc_convention,
-              normalize, resampling, name: str) -> "_EvaluationRun":
-    """Checks the options and data (``name`` in the errors), then sorts and buckets."""
+              normalize, resampling, name: str,
+              kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> "_EvaluationRun":
+    """Checks the options and data (``name`` in the errors), then sorts and buckets
+    (``kernels``: the area scan's forms)."""
     num_bins = _check_evaluation_options(num_bins, ece_norm, aurc_convention, normalize,
                                          resampling)
     c, k = _check_evaluation_data(confidences, correct, name)
@@ -214,7 +218,7 @@ class _EvaluationRun(NamedTuple):
     data, num_buckets = _prepare_evaluation(np.asarray(c, np.float32), np.asarray(k),
                                             np.asarray(sorted_t), num_bins, resampling)
     plan = _Plan(num_buckets, t.shape[0], num_bins, ece_norm, aurc_convention, normalize,
-                 resampling)
+                 resampling, kernels)
     return cls(data, t, order, plan)
 
   @property
@@ -303,13 +307,15 @@ def _area_options(fn: Callable, correct: jax.Array) -> tuple[str | None, str] | 
   return None
 
 
-def _area_samples(name: str | None, convention: str, *models, key, num_resamples: int):
+def _area_samples(name: str | None, convention: str, *models, key, num_resamples: int,
+                  kernels: _dispatch.Kernels = _dispatch.DEFAULT):
   """The areas [B] of :func:`bootstrap_ci`'s resamples of one model ``(confidences,
   correct)``, or the differences of two models' (:func:`paired_bootstrap`'s), from the
   evaluation bootstrap's one sort per model and area scan (its sweep and bins kept minimal);
   ``name`` None: the summary of all three areas."""
   runs = [_EvaluationRun.prepare(c, k, np.array([0.5], np.float32), 1, "l1", convention,
-                                 "retained", "multinomial", "bootstrap_ci") for c, k in models]
+                                 "retained", "multinomial", "bootstrap_ci", kernels)
+          for c, k in models]
 
   def areas(metrics):
     if name is None:

@@ -48,7 +48,7 @@ class _RangeState(NamedTuple):
 def _range_update(m, data, state, plan):
   """``state`` after the range ``data`` with multiplicities ``m`` (one resample)."""
   hi, lo = _exact.add((state.hi, state.lo), _weighted_bucket_sums(m, data, plan.num_buckets))
-  carry = _area_scan(m, data.correct, data.group_end, state.carry, plan.convention)
+  carry = _area_scan(m, data.correct, data.group_end, state.carry, plan.convention, plan.kernels)
   return _RangeState(hi, lo, carry)
 
 

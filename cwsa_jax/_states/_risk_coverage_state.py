@@ -19,7 +19,7 @@ import numpy as np
 from cwsa_jax import _areas
 from cwsa_jax import _exact
 from cwsa_jax import _public
-from cwsa_jax import _sort
+from cwsa_jax._kernels import _sort
 from cwsa_jax import _stats
 from cwsa_jax._states._common import _batched
 from cwsa_jax._states._common import _check_capacity

@@ -29,8 +29,8 @@ _NORMALIZE = ("retained", "all")
 _PUBLISHED = dict(thresholds=cw.published_thresholds(), bins=10, aurc="published_code",
                   normalize="all")
 _DEFAULTS = dict(thresholds=cw.default_thresholds(), bins=15, aurc="step", normalize="retained")
-# The most ECE bins --bins accepts: far more only cost time and memory (100,000 bins took
-# 88 s and 1.5 GB on 200 rows) and leave almost every bin empty.
+# The most ECE bins --bins accepts: far more only cost time and memory (the bootstrap holds
+# per-bin sums for every resample) and leave almost every bin empty.
 MAX_BINS = 10_000
 
 

@@ -62,10 +62,10 @@ from cwsa_jax.cli._util import UserError, progress_bar
 
 DEFAULT_CHUNK_ROWS = 1 << 18
 # Rows whose keys one refinement pass holds and sorts (4 bytes each: 64 MiB); their tie groups
-# are then summed _GROUP_SLICE rows at a time. The environment variable (not documented) lets
+# are then summed GROUP_SLICE rows at a time. The environment variable (not documented) lets
 # tests force several passes.
 DEFAULT_SORT_ROWS = 1 << 24
-_GROUP_SLICE = 1 << 18
+GROUP_SLICE = 1 << 18
 SORT_ROWS_ENV = "CWSA_JAX_STREAM_SORT_ROWS"
 MANTISSA_BITS = 8
 _SHIFT = 23 - MANTISSA_BITS
@@ -315,13 +315,13 @@ def _group_slices(packed: np.ndarray, size: int) -> Iterator[np.ndarray]:
 
 
 def _refined_groups(areas: _Areas, before: tuple[np.ndarray, np.ndarray],
-                    packed: np.ndarray) -> None:
+                    packed: np.ndarray, group_slice: int) -> None:
   """Adds the tie groups of a pass's rows (``key << 1 | error``, sorted here in place), a
-  slice at a time: the rows and errors before a group are its bin's (pass 1) plus those of
+  slice of about ``group_slice`` rows at a time: the rows and errors before a group are its bin's (pass 1) plus those of
   the groups above it in its bin (carried over from slice to slice)."""
   packed.sort()
   carry_bin, carry_rows, carry_errors = -1, 0, 0
-  for part in _group_slices(packed, _GROUP_SLICE):
+  for part in _group_slices(packed, group_slice):
     keys, counts, errors = tie_groups(part)
     bins = keys >> _SHIFT
     first = np.flatnonzero(np.concatenate([[True], bins[1:] != bins[:-1]]))
@@ -337,10 +337,11 @@ def _refined_groups(areas: _Areas, before: tuple[np.ndarray, np.ndarray],
 
 
 def exact_areas(paths: list[Path], result: Scan, convention: str, chunk_rows: int, *,
-                budget: int = DEFAULT_SORT_ROWS,
+                budget: int = DEFAULT_SORT_ROWS, group_slice: int = GROUP_SLICE,
                 show: bool = False) -> tuple[cw.RiskCoverageSummary, int, _Areas]:
   """AURC, AUGRC and E-AURC of the scanned files, exact; also the number of passes in all
-  (pass 1 included) and the tie-group totals.
+  (pass 1 included) and the tie-group totals. A pass sorts at most ``budget`` rows (or one
+  bin) and sums their tie groups ``group_slice`` rows at a time.
 
   Raises:
     UserError: a file changed since pass 1, or can no longer be read.
@@ -371,7 +372,7 @@ def exact_areas(paths: list[Path], result: Scan, convention: str, chunk_rows: in
     if filled != expected:
       raise _changed(paths[0] if len(paths) == 1 else _io.inputs_name(paths),
                      "the confidences differ from the first pass")
-    _refined_groups(areas, before, packed)
+    _refined_groups(areas, before, packed, group_slice)
     del packed
   return areas.summary(), len(passes) + 1, areas
 

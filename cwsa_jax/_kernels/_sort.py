@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from cwsa_jax import _dispatch
+from cwsa_jax._kernels import _dispatch
 from cwsa_jax import _mesh
 
 try:  # in-place host callbacks (newer JAX): no copies of the data in or out

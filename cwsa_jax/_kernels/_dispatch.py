@@ -64,6 +64,11 @@ class Kernels:
   """Offer ``_group_areas``' kernel (the AURC family after the sort) on CUDA; False keeps the
   XLA scans."""
 
+  starts_by_running_max: bool = True
+  """The risk-coverage scans' parallel form (accelerators): each tie group's start and the
+  errors before it by running maxima (True) or by a scatter and a gather (False, the graded
+  losses' way); the values are the same."""
+
   select_by_sort: bool = True
   """Order statistics on CUDA by one ``lax.sort`` (True) or the radix select of every other
   platform (False); the values are the same."""

@@ -33,10 +33,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from cwsa_jax import _dense
-from cwsa_jax import _dispatch
+from cwsa_jax._kernels import _dense
+from cwsa_jax._kernels import _dispatch
 from cwsa_jax import _exact
-from cwsa_jax import _sort
+from cwsa_jax._kernels import _sort
 from cwsa_jax import _validation
 
 # Samples per chunk: a chunk's column sums stay <= 4096 * 4096 = 2^24.

@@ -19,7 +19,7 @@ layout of ``_stats.segment_columns``: bit for bit the sums of the scatter
 path, so results and states do not depend on the backend.
 
 Two ways to form G (:data:`FORMS`, picked per mask height by the launch table of
-``_dispatch.Kernels``, :data:`~cwsa_jax._dispatch.DENSE_LAUNCH` by default):
+``_dispatch.Kernels``, :data:`~cwsa_jax._kernels._dispatch.DENSE_LAUNCH` by default):
 
 * no product ("lanes", "unrolled"): each thread keeps float32 accumulators
   per row and column for every sample slot it holds and adds the mask times
@@ -56,7 +56,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from cwsa_jax import _dispatch
+from cwsa_jax._kernels import _dispatch
 from cwsa_jax import _exact
 from cwsa_jax import _mesh
 

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from cwsa_jax import _dispatch
+from cwsa_jax._kernels import _dispatch
 from cwsa_jax import _mesh
 
 # Samples per tile: _ROWS rows of 32 (one int32 of bits per row).
@@ -51,11 +51,6 @@ _ROWS = 64
 TILE = _ROWS * _COLUMNS
 _NUM_WARPS = 4
 CONVENTIONS = ("step", "trapezoid")
-# Read only where no ``Kernels`` arrives: ``_risk_coverage`` does not pass one yet, and its
-# tests and benchmarks still set these (interpret; the kernel offered at all). They go once it
-# does; everything else passes ``kernels``.
-INTERPRET = False
-ENABLED = True
 
 # Bits of a sample's byte: its error (bit 0), and whether it starts (bit 1) or ends (bit 2)
 # a tie group.
@@ -70,7 +65,7 @@ def applies(confidences: jax.Array, correct: jax.Array, convention: str, *,
   Samples that vary over the mesh axes of an enclosing ``shard_map`` keep the
   scans, as in ``_dense``: the kernel has not been run on a GPU there.
   """
-  return (kernels.group_areas and ENABLED and correct.dtype == jnp.bool_
+  return (kernels.group_areas and correct.dtype == jnp.bool_
           and confidences.shape[-1] >= 1 and convention in CONVENTIONS and not _mesh.manual_axes(confidences))
 
 
@@ -191,7 +186,7 @@ def area_sums(byte: jax.Array, *, convention: str,
                 pl.BlockSpec((None, 4), lambda t: (t, 0))],
       out_specs=(pl.BlockSpec((1,), lambda t: (t,)),) * 2,
       compiler_params=plgpu.CompilerParams(num_warps=_NUM_WARPS, num_stages=2),
-      interpret=kernels.interpret or INTERPRET,
+      interpret=kernels.interpret,
       name="cwsa_group_areas",
   )(byte.reshape(-1, _COLUMNS), _carries(byte))
   return jnp.sum(aurc_parts), jnp.sum(augrc_parts)
