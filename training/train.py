@@ -4,7 +4,8 @@
 validation split out of the training set (:func:`validation_split`), trains
 on the rest with one of the losses of
 :data:`~cwsa_jax.training.configs.LOSSES`, checkpoints atomically after
-every epoch, resumes from the last checkpoint, and finishes by
+every epoch, resumes from the last checkpoint, and finishes
+(:func:`~cwsa_jax.training._evaluation.evaluate_run`) by
 
 1. evaluating the validation and test splits with the hard metrics
    (CWSA/CWSA+ sweep, ECE, NLL, AURC, E-AURC, AUGRC);
@@ -52,11 +53,17 @@ of epoch e is a permutation seeded by (seed, e), augmentation keys are
 ``fold_in(key(seed), step)`` and the dropout stream is part of the
 checkpointed model state, so a run killed and resumed from its last
 checkpoint follows exactly the same steps as an uninterrupted one.
+
+Layout: this module holds the model and optimizer, the validation split, the
+jitted steps, checkpoints and the loop. The device setup (CPU device count,
+host memory, the mesh and its shardings) lives in
+:mod:`~cwsa_jax.training._devices`, the evaluation of the final logits
+(metrics.json) in :mod:`~cwsa_jax.training._evaluation`; neither imports this
+module, and their public names are importable from here as well.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import json
 import os
@@ -72,27 +79,26 @@ import numpy as np
 import optax
 from flax import nnx
 from flax import serialization
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh
 
-import cwsa_jax as cw
 from cwsa_jax import losses as cwsa_losses
 from cwsa_jax.cli._util import write_json_atomic
-from cwsa_jax.nnx import CalibrationMetric, SweepMetric
 from . import data as data_lib
 from . import models
 from .configs import TrainConfig
+# Device setup and evaluation have modules of their own; their names stay importable from
+# here, where cwsa-jax train, the benchmarks and the tests import them.
+from ._devices import (available_cores, batch_sharded, check_device_count,  # noqa: F401
+                       data_mesh, default_device_count, replicated, request_cpu_devices,
+                       reuse_host_memory)
+from ._evaluation import (AT_THRESHOLDS, ECE_BINS, SCORES, UNIT_INTERVAL_SCORES,  # noqa: F401
+                          _update_evaluation, evaluate_logits, evaluate_predictions, evaluate_run,
+                          make_evaluation_metrics, rank_to_unit_interval, score_metrics,
+                          select_deployment_threshold)
 
 CHECKPOINT = "checkpoint.msgpack"
 CHECKPOINT_META = "checkpoint.json"
 PREDICTIONS = "predictions.npz"
-AT_THRESHOLDS = (0.5, 0.9)  # the thresholds metrics.json reports one by one
-ECE_BINS = 15
-# The confidence scores metrics.json reports rank metrics for (cwsa_jax.confidence_scores).
-SCORES = ("msp", "max_logit", "margin", "neg_entropy", "doctor")
-# Those of them that lie in [0, 1]: the others are mapped into [0, 1] by their ranks
-# (rank_to_unit_interval) for the rank metrics, and have no CWSA.
-UNIT_INTERVAL_SCORES = ("msp", "margin", "doctor")
 # The second word of the validation split's numpy seed [seed, VALIDATION_STREAM]: epoch
 # e's order uses [seed, e], and no run reaches 2**32 - 1 epochs.
 VALIDATION_STREAM = 2**32 - 1
@@ -182,142 +188,6 @@ def validation_split(labels: np.ndarray, *, fraction: float, seed: int,
         "fraction or use more training data")
   train = np.setdiff1d(np.arange(len(labels)), validation)
   return train, validation
-
-
-def reuse_host_memory() -> bool:
-  """Lets XLA:CPU reuse the host memory of each step's temporaries (glibc only).
-
-  XLA:CPU allocates a step's temporaries as one block from its worker threads.
-  glibc serves a block that large from a fresh ``mmap`` (a thread's arena
-  cannot hold it) and unmaps it when the step frees it, so every step faults
-  the same memory in again, page by page, in the kernel: the system time
-  and minor page faults of a CPU training run. With one malloc arena, no
-  ``mmap`` and no trimming (``mallopt``), the freed block stays in the heap
-  and the next step reuses it. The arithmetic is unchanged.
-
-  Call it before JAX creates its CPU client (the first array or
-  ``jax.devices()``): threads that have allocated already keep their own
-  arenas. Starting Python with ``MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0
-  MALLOC_TRIM_THRESHOLD_=2147483647`` does the same. Memory the process has
-  freed stays mapped until it exits.
-
-  Returns:
-    Whether the settings applied: False without glibc, and False (nothing
-    changed) once JAX has created its backends, when they would only keep the
-    main thread's freed memory mapped.
-  """
-  if sys.platform != "linux" or _backends_are_initialized():
-    return False
-  try:
-    mallopt = ctypes.CDLL(None).mallopt  # the C library the interpreter runs on
-  except (OSError, AttributeError):
-    return False
-  m_trim_threshold, m_mmap_max, m_arena_max = -1, -4, -8  # glibc's <malloc.h>
-  return all(mallopt(param, value) == 1 for param, value in
-             ((m_arena_max, 1), (m_mmap_max, 0), (m_trim_threshold, 2**31 - 1)))
-
-
-def _backends_are_initialized() -> bool:
-  try:
-    from jax._src import xla_bridge  # noqa: PLC0415 (private; absent: assume not yet)
-    return bool(xla_bridge.backends_are_initialized())
-  except (ImportError, AttributeError):
-    return False
-
-
-# --------------------------------------------------------------------------- devices
-
-
-def available_cores() -> int:
-  """The CPU cores this process may run on (its affinity mask where the OS has one)."""
-  try:
-    return len(os.sched_getaffinity(0))
-  except AttributeError:  # not Linux
-    return os.cpu_count() or 1
-
-
-def default_device_count(available: int, batch_size: int) -> int:
-  """The most devices, at most ``available``, among which a batch of ``batch_size`` splits evenly.
-
-  Examples:
-    >>> default_device_count(2, 128), default_device_count(4, 6), default_device_count(2, 7)
-    (2, 3, 1)
-  """
-  return max(n for n in range(1, max(available, 1) + 1) if batch_size % n == 0)
-
-
-def check_device_count(devices: int, batch_size: int) -> None:
-  """Raises ``ValueError`` unless ``devices`` >= 1 splits the batch evenly."""
-  if not isinstance(devices, (int, np.integer)) or isinstance(devices, bool) or devices < 1:
-    raise ValueError(f"the device count must be an integer >= 1, got {devices!r}")
-  if batch_size % devices:
-    raise ValueError(f"the batch size {batch_size} does not split evenly over {devices} devices: "
-                     "choose a batch size divisible by the device count")
-
-
-def request_cpu_devices(devices: int | None, batch_size: int) -> int | None:
-  """Asks JAX for several CPU devices, so that a data-parallel step uses several cores.
-
-  XLA:CPU runs the convolutions of one device's step on about one core; the
-  batch split over CPU devices (:func:`data_mesh`) runs its parts at once,
-  one per core. The count is ``devices``, or by default the most CPU devices,
-  up to the cores of this process (:func:`available_cores`), that split the
-  batch evenly (:func:`default_device_count`). It applies to the CPU backend
-  only: an accelerator's devices are what they are.
-
-  Call it before JAX creates its backends (the first array or
-  ``jax.devices()``). Nothing changes when they exist, or when the CPU device
-  count is set already (``jax_num_cpu_devices``, ``JAX_NUM_CPU_DEVICES`` or
-  ``XLA_FLAGS=--xla_force_host_platform_device_count``).
-
-  Returns:
-    The CPU device count set, or None when it was left alone.
-  """
-  flags = os.environ.get("XLA_FLAGS", "")
-  configured = getattr(jax.config, "jax_num_cpu_devices", None)  # JAX < 0.4.34: the XLA flag only
-  if (_backends_are_initialized() or (configured is not None and configured >= 0)
-      or "xla_force_host_platform_device_count" in flags):
-    return None
-  count = int(devices if devices is not None else default_device_count(available_cores(), batch_size))
-  if configured is None:
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
-  else:
-    jax.config.update("jax_num_cpu_devices", count)
-  return count
-
-
-def data_mesh(devices: int | None, batch_size: int) -> Mesh:
-  """A one-axis mesh ``("data",)`` over the first ``devices`` local devices.
-
-  A training step on it is data parallel: each device takes
-  ``batch_size / devices`` examples of the batch, and XLA's SPMD partitioner
-  sums the gradients, the loss and the batch-norm statistics over the
-  devices, so the step computes what it computes on one device (up to the
-  order of float sums). By default: the most local devices that split the
-  batch evenly.
-
-  Raises:
-    ValueError: ``devices`` < 1, more than the local devices, or a batch size
-      it does not divide.
-  """
-  available = jax.local_devices()
-  if devices is None:
-    devices = default_device_count(len(available), batch_size)
-  check_device_count(devices, batch_size)
-  if devices > len(available):
-    raise ValueError(f"{devices} devices asked for, but JAX has {len(available)} "
-                     f"({available[0].platform})")
-  return Mesh(np.array(available[:devices]), ("data",))
-
-
-def replicated(mesh: Mesh) -> NamedSharding:
-  """Every device of ``mesh`` holds the whole array (model, optimizer, dataset)."""
-  return NamedSharding(mesh, P())
-
-
-def batch_sharded(mesh: Mesh) -> NamedSharding:
-  """The leading (batch) axis split over the ``data`` axis of ``mesh``."""
-  return NamedSharding(mesh, P("data"))
 
 
 # --------------------------------------------------------------------------- steps
@@ -489,19 +359,6 @@ def _eval_batch(images: np.ndarray, mesh: Mesh | None) -> jax.Array:
   return jax.device_put(images, batch_sharded(mesh))
 
 
-def make_evaluation_metrics(thresholds) -> nnx.MultiMetric:
-  """The evaluation metrics, updated batch by batch with ``confidences=`` and ``correct=``."""
-  return nnx.MultiMetric(accuracy=nnx.metrics.Average("correct"), sweep=SweepMetric(thresholds),
-                         at_threshold=SweepMetric(AT_THRESHOLDS),
-                         calibration=CalibrationMetric(ECE_BINS))
-
-
-@nnx.jit
-def _update_evaluation(metrics: nnx.MultiMetric, probs: jax.Array, labels: jax.Array) -> None:
-  confidences, correct = cw.confidences_from_probs(probs, labels)
-  metrics.update(confidences=confidences, correct=correct)
-
-
 # --------------------------------------------------------------------------- checkpoints
 
 
@@ -566,183 +423,6 @@ class Progress:
   def close(self) -> None:
     if self.bar is not None:
       self.bar.close()
-
-
-# --------------------------------------------------------------------------- evaluation
-
-
-def evaluate_predictions(probs: np.ndarray, labels: np.ndarray,
-                         computed: dict[str, Any]) -> dict[str, Any]:
-  """Hard-metric summary of test predictions (the metrics.json body).
-
-  ``computed`` is ``make_evaluation_metrics(...).compute()`` after every test batch;
-  AURC, E-AURC and AUGRC (exact, sort-based) come from ``probs`` and ``labels``.
-  """
-  conf, correct = cw.confidences_from_probs(probs, labels)
-  r, at_r = computed["sweep"], computed["at_threshold"]
-  at = {str(tau): {field: float(getattr(at_r, field)[j])
-                   for field in ("cwsa", "cwsa_plus", "coverage", "selective_accuracy")}
-        for j, tau in enumerate(AT_THRESHOLDS)}
-  return {
-      "n": int(len(labels)),
-      "test_accuracy": float(computed["accuracy"]),
-      "ece": float(computed["calibration"]),
-      "aurc": float(cw.aurc(conf, correct)),
-      "eaurc": float(cw.eaurc(conf, correct)),
-      "augrc": float(cw.augrc(conf, correct)),
-      "cwsa": {k: v["cwsa"] for k, v in at.items()},
-      "cwsa_plus": {k: v["cwsa_plus"] for k, v in at.items()},
-      "at_threshold": at,
-      "sweep": {"thresholds": _as_list(r.thresholds), "coverage": _as_list(r.coverage),
-                "selective_accuracy": _as_list(r.selective_accuracy), "cwsa": _as_list(r.cwsa),
-                "cwsa_plus": _as_list(r.cwsa_plus)},
-  }
-
-
-def _as_list(x) -> list[float | None]:
-  return [None if not np.isfinite(v) else float(v) for v in np.asarray(x)]
-
-
-@jax.jit
-def _softmax(logits: jax.Array) -> jax.Array:
-  return jax.nn.softmax(logits, axis=-1)
-
-
-def evaluate_logits(logits: np.ndarray, labels: np.ndarray,
-                    config: TrainConfig) -> tuple[dict[str, Any], np.ndarray]:
-  """(:func:`evaluate_predictions` summary plus ``nll``, probabilities) of logits [N, K]."""
-  probs = np.asarray(_softmax(jnp.asarray(logits)))
-  metrics = make_evaluation_metrics(config.thresholds)
-  for i in range(0, len(labels), config.eval_batch_size):
-    _update_evaluation(metrics, jnp.asarray(probs[i:i + config.eval_batch_size]),
-                       jnp.asarray(labels[i:i + config.eval_batch_size]))
-  summary = evaluate_predictions(probs, labels, metrics.compute())
-  summary["nll"] = float(cw.nll(logits, labels, from_logits=True))
-  return summary, probs
-
-
-def rank_to_unit_interval(scores: Any) -> np.ndarray:
-  """Real scores mapped into [0, 1] by their dense rank: order and ties kept exactly.
-
-  ``rank(s_i) / (m - 1)``, with ``rank`` the index of ``s_i`` among the ``m``
-  distinct values (compared in float64), as float32. Every rank metric (AURC,
-  E-AURC, AUGRC: functions of the order of the scores alone) is the same on
-  the result as on the scores, which the rank kernels, clipping to [0, 1],
-  could not take directly. Not a calibration: CWSA and ECE of the result
-  mean nothing.
-
-  Raises:
-    ValueError: more distinct values than float32 keeps apart in [0, 1].
-
-  Examples:
-    >>> rank_to_unit_interval([3.5, -1.0, 3.5, 10.0]).tolist()
-    [0.5, 0.0, 0.5, 1.0]
-  """
-  values = np.asarray(scores, np.float64)
-  distinct, rank = np.unique(values, return_inverse=True)
-  if len(distinct) < 2:
-    return np.ones(values.shape, np.float32)
-  mapped = (rank.reshape(values.shape) / (len(distinct) - 1)).astype(np.float32)
-  if len(np.unique(mapped)) != len(distinct):
-    raise ValueError(f"{len(distinct)} distinct scores do not stay distinct as float32 ranks")
-  return mapped
-
-
-def score_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, dict[str, Any]]:
-  """AURC, E-AURC, AUGRC (and CWSA, CWSA+ at 0.5 and 0.9) of each score of :data:`SCORES`.
-
-  Scores outside [0, 1] (``max_logit``, ``neg_entropy``) enter the rank
-  metrics through :func:`rank_to_unit_interval` (``"rank_mapped": true``) and
-  have no CWSA (``null``): CWSA depends on the scale of a confidence.
-  """
-  correct = np.argmax(logits, axis=-1) == labels
-  out = {}
-  for method in SCORES:
-    scores = np.asarray(cw.confidence_scores(logits, method=method))
-    in_unit = method in UNIT_INTERVAL_SCORES
-    conf = scores if in_unit else rank_to_unit_interval(scores)
-    entry = {"aurc": float(cw.aurc(conf, correct)), "eaurc": float(cw.eaurc(conf, correct)),
-             "augrc": float(cw.augrc(conf, correct)), "rank_mapped": not in_unit,
-             "cwsa": None, "cwsa_plus": None}
-    if in_unit:
-      r = cw.sweep(conf, correct, np.asarray(AT_THRESHOLDS, np.float32))
-      entry["cwsa"] = {str(t): float(r.cwsa[j]) for j, t in enumerate(AT_THRESHOLDS)}
-      entry["cwsa_plus"] = {str(t): float(r.cwsa_plus[j]) for j, t in enumerate(AT_THRESHOLDS)}
-    out[method] = entry
-  return out
-
-
-def select_deployment_threshold(validation_probs: np.ndarray, validation_labels: np.ndarray,
-                                test_probs: np.ndarray, test_labels: np.ndarray,
-                                config: TrainConfig) -> dict[str, Any]:
-  """The threshold chosen on validation confidences, with its operating point on both splits.
-
-  :func:`cwsa_jax.select_threshold` over ``config.thresholds`` maximises
-  ``config.threshold_metric`` under the optional coverage and risk
-  constraints; the chosen float32 grid value is then applied to the test
-  confidences. When no threshold meets the constraints, ``threshold`` is
-  ``null`` and ``reason`` says why (the run is not lost).
-  """
-  out = {"score": "msp", "metric": config.threshold_metric,
-         "min_coverage": config.threshold_min_coverage, "max_risk": config.threshold_max_risk}
-  val_conf, val_correct = cw.confidences_from_probs(validation_probs, validation_labels)
-  try:
-    choice = cw.select_threshold(val_conf, val_correct, metric=config.threshold_metric,
-                                 min_coverage=config.threshold_min_coverage,
-                                 max_risk=config.threshold_max_risk,
-                                 thresholds=np.asarray(config.thresholds, np.float32))
-  except ValueError as e:  # no threshold of the grid meets the constraints
-    return {**out, "threshold": None, "reason": str(e), "validation": None, "test": None}
-  test_conf, test_correct = cw.confidences_from_probs(test_probs, test_labels)
-  r = cw.sweep(test_conf, test_correct, np.asarray([choice.threshold], np.float32))
-  accuracy = float(r.selective_accuracy[0])
-  return {**out, "threshold": choice.threshold,
-          "validation": {"coverage": choice.coverage, "selective_risk": choice.selective_risk,
-                         config.threshold_metric: choice.value},
-          "test": {"coverage": float(r.coverage[0]),
-                   "selective_risk": None if not np.isfinite(accuracy) else 1.0 - accuracy,
-                   "cwsa": _finite_or_none(r.cwsa[0]), "cwsa_plus": _finite_or_none(r.cwsa_plus[0])}}
-
-
-def _finite_or_none(x) -> float | None:
-  x = float(x)
-  return x if np.isfinite(x) else None
-
-
-def evaluate_run(validation_logits: np.ndarray, validation_labels: np.ndarray,
-                 test_logits: np.ndarray, test_labels: np.ndarray,
-                 config: TrainConfig) -> tuple[dict[str, Any], np.ndarray, float]:
-  """(metrics.json evaluation fields, test probabilities, temperature) of a trained model.
-
-  The top-level fields are the test metrics of the raw logits;
-  ``temperature_scaled`` the same after dividing the logits by the temperature
-  fitted on the validation split; ``validation`` the validation metrics (and
-  its NLL, ECE, CWSA after scaling); ``selected_threshold`` the deployment
-  threshold (:func:`select_deployment_threshold`, on scaled confidences);
-  ``scores`` and ``scores_temperature_scaled`` the per-score metrics
-  (:func:`score_metrics`) of the test split.
-  """
-  temperature = float(cw.fit_temperature(validation_logits, validation_labels))
-  scale = lambda logits: (logits / np.float32(temperature)).astype(np.float32)
-  test, test_probs = evaluate_logits(test_logits, test_labels, config)
-  scaled, scaled_probs = evaluate_logits(scale(test_logits), test_labels, config)
-  validation, _ = evaluate_logits(validation_logits, validation_labels, config)
-  validation_scaled, validation_scaled_probs = evaluate_logits(scale(validation_logits),
-                                                               validation_labels, config)
-  validation["accuracy"] = validation.pop("test_accuracy")
-  validation["temperature_scaled"] = {k: validation_scaled[k]
-                                      for k in ("nll", "ece", "cwsa", "cwsa_plus")}
-  metrics = {
-      **test,
-      "temperature": temperature,
-      "temperature_scaled": scaled,
-      "validation": validation,
-      "selected_threshold": select_deployment_threshold(
-          validation_scaled_probs, validation_labels, scaled_probs, test_labels, config),
-      "scores": score_metrics(test_logits, test_labels),
-      "scores_temperature_scaled": score_metrics(scale(test_logits), test_labels),
-  }
-  return metrics, test_probs, temperature
 
 
 # --------------------------------------------------------------------------- the loop
