@@ -3,8 +3,9 @@
 Hard metrics at one threshold (:func:`cwsa`, :func:`cwsa_plus`, :func:`coverage`,
 :func:`selective_accuracy`), the fused all-thresholds :func:`sweep`, helpers
 that turn probabilities or logits into (confidences, correct), and the classic
-references with named conventions: ECE family, Brier score, NLL, the
-risk-coverage curve, AURC, E-AURC, AUGRC and AUMCC; sigmoid-relaxed soft
+references with named conventions: ECE family (smooth and classwise ECE
+included), Brier score, NLL, the risk-coverage curve, AURC, E-AURC, AUGRC and
+AUMCC, and the failure-detection AUROC, FPR@TPR and average precision; sigmoid-relaxed soft
 CWSA/CWSA+ (and ``cwsa_jax.losses`` for training), per-sample contributions,
 per-group sweeps and threshold selection; bootstrap confidence intervals
 (:func:`bootstrap_ci`, :func:`bootstrap_sweep`, :func:`paired_bootstrap`) and,
@@ -28,6 +29,7 @@ from cwsa_jax._bootstrap import paired_bootstrap
 from cwsa_jax._calibration import CalibrationBins
 from cwsa_jax._calibration import calibration_bins
 from cwsa_jax._calibration import ece
+from cwsa_jax._classwise_ece import classwise_ece
 from cwsa_jax._confidence import Predictions
 from cwsa_jax._confidence import confidences_from_logits
 from cwsa_jax._confidence import confidences_from_probs
@@ -36,6 +38,9 @@ from cwsa_jax._decompose import contributions
 from cwsa_jax._decompose import most_damaging
 from cwsa_jax._groups import group_gap
 from cwsa_jax._groups import sweep_by_group
+from cwsa_jax._ranking import auroc
+from cwsa_jax._ranking import average_precision
+from cwsa_jax._ranking import fpr_at_tpr
 from cwsa_jax._risk_coverage import RiskCoverageCurve
 from cwsa_jax._risk_coverage import RiskCoverageSummary
 from cwsa_jax._risk_coverage import aurc
@@ -54,6 +59,7 @@ from cwsa_jax._selective import coverage
 from cwsa_jax._selective import cwsa
 from cwsa_jax._selective import cwsa_plus
 from cwsa_jax._selective import selective_accuracy
+from cwsa_jax._smooth_ece import smooth_ece
 from cwsa_jax._soft import soft_cwsa
 from cwsa_jax._soft import soft_cwsa_band_area
 from cwsa_jax._soft import soft_cwsa_plus
@@ -79,11 +85,14 @@ __all__ = [
     "aumcc",
     "augrc",
     "aurc",
+    "auroc",
+    "average_precision",
     "bootstrap_ci",
     "bootstrap_samples",
     "bootstrap_sweep",
     "brier_score",
     "calibration_bins",
+    "classwise_ece",
     "confidences_from_logits",
     "confidence_scores",
     "confidences_from_probs",
@@ -95,6 +104,7 @@ __all__ = [
     "eaurc",
     "ece",
     "fit_temperature",
+    "fpr_at_tpr",
     "group_gap",
     "most_damaging",
     "nll",
@@ -104,6 +114,7 @@ __all__ = [
     "risk_coverage_summary",
     "select_threshold",
     "selective_accuracy",
+    "smooth_ece",
     "soft_cwsa",
     "soft_cwsa_band_area",
     "soft_cwsa_plus",

@@ -1,0 +1,91 @@
+r"""Classwise ECE: the binned calibration error of every class probability, averaged over classes.
+
+Top-label ECE (:func:`~cwsa_jax.ece`) looks only at the predicted class.
+Classwise ECE scores each column ``p_{:, k}`` of the probabilities against
+the indicator ``1[y = k]`` with the same bins and norms, then averages the
+K errors with equal weight (rare classes count as much as frequent ones).
+
+Each class is one batch row of :func:`~cwsa_jax.ece`'s own computation, so a
+class's error equals ``ece(probs[:, k], labels == k, ...)`` bit for bit
+(exact integer per-bin sums), and the gradient in ``probs`` is ECE's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from cwsa_jax import _calibration
+from cwsa_jax import _public
+from cwsa_jax import _validation
+
+
+@_public.entry
+def classwise_ece(probs: Any, labels: Any, *, num_bins: int = 15, norm: str = "l1",
+                  binning: str = "width") -> jax.Array:
+  r"""Classwise calibration error: the mean over classes of each class probability's ECE.
+
+  .. math::
+
+    \mathrm{cwECE} = \frac{1}{K} \sum_{k=0}^{K-1}
+      \mathrm{ECE}\bigl(\{p_{ik}\}_i,\ \{1[y_i = k]\}_i\bigr),\qquad
+    \mathrm{ECE} = \sum_b \frac{n_b}{n}\,|\mathrm{conf}_b - \mathrm{acc}_b|
+
+  with the bins, norms and conventions of :func:`~cwsa_jax.ece` (per class
+  ``k``, ``conf_b`` is the mean of ``p_{ik}`` and ``acc_b`` the frequency
+  of ``y = k`` in bin ``b``; ``"l2"`` and ``"max"`` replace the inner ECE
+  by the RMS calibration error and the MCE). Rows of ``probs`` need not sum
+  to 1.
+
+  Args:
+    probs: [..., n, K] class probabilities in [0, 1]; leading axes are batch
+      axes.
+    labels: [..., n] integer class labels in [0, K).
+    num_bins: number of bins ``B >= 1`` (static). Default 15.
+    norm: ``"l1"`` (ECE, default), ``"l2"`` (RMS) or ``"max"`` (MCE).
+    binning: ``"width"`` (default) or ``"mass"`` (equal count per class).
+
+  Returns:
+    float32 of shape [...] (a scalar for [n, K] inputs), in [0, 1].
+
+  Raises:
+    ValueError: on concrete inputs with probabilities NaN/inf or outside
+      [0, 1], labels that are not integers or lie outside [0, K), mismatched
+      shapes or no samples or classes. Inside a user's ``jit`` / ``vmap``
+      such values give NaN.
+
+  Examples:
+    >>> from cwsa_jax import classwise_ece
+    >>> p = [[0.75, 0.25], [0.25, 0.75], [0.75, 0.25], [0.25, 0.75]]
+    >>> print(round(float(classwise_ece(p, [0, 1, 1, 1], num_bins=2)), 4))
+    0.25
+
+  References:
+    Meelis Kull, Miquel Perello-Nieto, Markus Kängsepp, Telmo Silva Filho,
+    Hao Song and Peter Flach, "Beyond temperature scaling: Obtaining
+    well-calibrated multiclass probabilities with Dirichlet calibration",
+    NeurIPS 2019; Ananya Kumar, Percy Liang and Tengyu Ma, "Verified
+    uncertainty calibration", NeurIPS 2019.
+  """
+  p = _validation.as_float_array(probs, "probs")
+  if p.ndim < 2:
+    raise ValueError(f"probs must have shape [..., n, K], got {p.shape}")
+  num_classes = p.shape[-1]
+  if num_classes == 0 or p.shape[-2] == 0:
+    raise ValueError(f"probs must have at least one sample and one class, got shape {p.shape}")
+  y, label_flag = _validation.labels(labels, num_classes)
+  if y.shape != p.shape[:-1]:
+    raise ValueError(f"labels must have shape probs.shape[:-1] = {p.shape[:-1]}, got {y.shape}")
+  # Checked here so that an error names probs; ECE checks them again (cheaply) as confidences.
+  prob_flag = _validation.check_finite_in_unit_interval(p, "probs", reduce_axes=2)
+  if label_flag is not None:
+    label_flag = jnp.any(label_flag, axis=-1)
+  # One ECE batch row per class: [K, ..., n].
+  confidences = jnp.moveaxis(p, -1, 0)
+  classes = jnp.arange(num_classes, dtype=y.dtype).reshape((num_classes,) + (1,) * y.ndim)
+  errors = _calibration._ece(confidences, y == classes, num_bins=num_bins, norm=norm,
+                             binning=binning)
+  return _validation.poison(jnp.mean(errors, axis=0),
+                            rows=_validation.either(prob_flag, label_flag))
