@@ -44,6 +44,7 @@ import numpy as np
 from jax import lax
 
 from cwsa_jax import _exact
+from cwsa_jax import _order
 from cwsa_jax import _public
 from cwsa_jax import _validation
 from cwsa_jax._kernels import _dispatch
@@ -53,54 +54,9 @@ from cwsa_jax._risk_coverage_kernels import _TARGET_SLACK
 
 POSITIVES = ("correct", "error")
 
-# Dtypes whose order float32 (or int32) cannot hold: concrete inputs of these are ranked on
-# the host first.
-_RANKED_ON_HOST = frozenset(np.dtype(d) for d in (np.float64, np.longdouble, np.int64,
-                                                  np.uint32, np.uint64))
-
-
 # --------------------------------------------------------------------------
 # Input handling
 # --------------------------------------------------------------------------
-
-
-def _dense_ranks(x: np.ndarray) -> np.ndarray:
-  """int32 dense ranks of ``x`` [..., n] along its last axis (equal values, -0.0 and 0.0
-  included, share a rank)."""
-  order = np.argsort(x, axis=-1)
-  ordered = np.take_along_axis(x, order, axis=-1)
-  new = ordered[..., 1:] != ordered[..., :-1]
-  ranks = np.zeros(x.shape, np.int32)
-  np.cumsum(new, axis=-1, dtype=np.int32, out=ranks[..., 1:])
-  out = np.empty_like(ranks)
-  np.put_along_axis(out, order, ranks, axis=-1)
-  return out
-
-
-def _host_ranks(scores: Any) -> Any:
-  """Concrete scores whose order float32 loses (float64, wide integers) as dense int32 ranks;
-  anything else (tracers, float32, invalid input left for the checks) as it is."""
-  if isinstance(scores, jax.core.Tracer):
-    return scores
-  try:
-    x = np.asarray(scores)
-  except (TypeError, ValueError):  # ragged or not numeric: the checks name it
-    return scores
-  if x.dtype not in _RANKED_ON_HOST or x.ndim == 0 or x.shape[-1] == 0:
-    return scores
-  if x.dtype.kind == "f" and not np.all(np.isfinite(x)):  # the checks raise, naming it
-    return scores
-  return _dense_ranks(x)
-
-
-def _host_order(fn):
-  """``fn(scores, correct, ...)`` with :func:`_host_ranks` applied to the scores first,
-  before the kit's entry (``_public.entry``) rounds 64-bit JAX arrays to 32 bits."""
-  @functools.wraps(fn)
-  def wrapper(scores, correct, *args, **kwargs):
-    return fn(_host_ranks(scores), correct, *args, **kwargs)
-
-  return wrapper
 
 
 def _score_keys(scores: jax.Array) -> jax.Array:
@@ -238,7 +194,7 @@ def _average_precision_impl(keys, correct, *, error, kernels):
 # --------------------------------------------------------------------------
 
 
-@_host_order
+@_order.host_ranked
 @_public.entry
 def auroc(scores: Any, correct: Any) -> jax.Array:
   r"""Area under the ROC curve of telling correct from wrong predictions by the score.
@@ -279,7 +235,7 @@ def auroc(scores: Any, correct: Any) -> jax.Array:
   return _validation.poison(_batched(fn, keys.ndim)(keys, k), rows=invalid)
 
 
-@_host_order
+@_order.host_ranked
 @_public.entry
 def fpr_at_tpr(scores: Any, correct: Any, tpr: Any = 0.95) -> jax.Array:
   r"""Fraction of wrong predictions accepted at the first threshold that accepts ``tpr`` of the
@@ -321,7 +277,7 @@ def fpr_at_tpr(scores: Any, correct: Any, tpr: Any = 0.95) -> jax.Array:
   return _validation.poison(result, rows=invalid, items=target_flag)
 
 
-@_host_order
+@_order.host_ranked
 @_public.entry
 def average_precision(scores: Any, correct: Any, *, positive: str = "correct") -> jax.Array:
   r"""Average precision (area under the step-wise precision-recall curve) of the score.

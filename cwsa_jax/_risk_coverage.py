@@ -46,11 +46,18 @@ graded ones with compensated float32 sums. The sort, the scan and the kernels
 are in ``_risk_coverage_kernels``, the area and E-AURC formulas in ``_areas``;
 this module checks the inputs and batches the rows.
 
-Invalid values (scores outside [0, 1] or not finite, correctness other than
-0/1 or outside [0, 1], targets out of range) raise ``ValueError`` on concrete
-inputs and give NaN inside a user's ``jax.jit`` / ``jax.vmap`` (for the
-invalid row, or target; ``num_points`` -1). Scores must lie in [0, 1]
-(``_validation.samples(..., unit_scores=...)`` is where that rule is made).
+Scores: only their order counts. Concrete scores may be any finite real values
+(a logit, an energy) and 64-bit scores keep their own order: where float32
+[0, 1] keys would lose it (values outside [0, 1], or a 64-bit dtype whose
+distinct values float32 could merge), the scores are replaced by stand-ins
+that order and tie exactly like them (``_order``: dense ranks on the host), and
+``risk_coverage_curve`` maps its thresholds back to the scores' values. Inside
+a user's ``jit`` the scores must lie in [0, 1] (their order is decided there).
+
+Invalid values (scores not finite, or outside [0, 1] inside ``jit``;
+correctness other than 0/1 or outside [0, 1], targets out of range) raise
+``ValueError`` on concrete inputs and give NaN inside a user's ``jax.jit`` /
+``jax.vmap`` (for the invalid row, or target; ``num_points`` -1).
 
 Gradients: every result here depends on the confidences only through their
 order, so it is piecewise constant in them and its gradient in c is 0,
@@ -72,6 +79,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cwsa_jax._kernels import _dispatch
+from cwsa_jax import _order
 from cwsa_jax import _public
 from cwsa_jax import _validation
 # The kernels (sort, tie-group scan, areas, curve, working points) and the result types.
@@ -121,6 +129,7 @@ def _batched(fn, ndim: int, num_shared: int = 0):
 # --------------------------------------------------------------------------
 
 
+@_order.stood_in
 @_public.entry
 def aurc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Array:
   r"""Area under the (selective) risk-coverage curve.
@@ -139,7 +148,8 @@ def aurc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Arr
   and ``E_k`` the errors among the first ``k`` (see the module docstring).
 
   Args:
-    confidences: [..., n] scores in [0, 1]; higher means more confident.
+    confidences: [..., n] scores; higher means more confident. Any finite real values
+      (only their order counts; see the module docstring); inside ``jit``, in [0, 1].
       Leading axes are batch axes (the functions are also ``jax.vmap``-able).
     correct: [..., n] boolean / 0-1 correctness, or graded correctness in [0, 1]
       (the loss is ``1 - correct``).
@@ -160,6 +170,7 @@ def aurc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Arr
   return _summary(confidences, correct, convention, with_eaurc=False).aurc
 
 
+@_order.stood_in
 @_public.entry
 def augrc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Array:
   r"""Area under the generalized risk-coverage curve (Traub et al., 2024).
@@ -183,7 +194,7 @@ def augrc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Ar
   (ties counted 1/2); a perfect ranking gives ``0.5 * error_rate^2``.
 
   Args:
-    confidences: [..., n] scores in [0, 1].
+    confidences: [..., n] scores: any finite real values (inside ``jit``, in [0, 1]).
     correct: [..., n] boolean / 0-1 or graded correctness in [0, 1].
     convention: ``"step"`` (default), ``"trapezoid"`` or ``"published_code"``.
 
@@ -202,6 +213,7 @@ def augrc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Ar
   return _summary(confidences, correct, convention, with_eaurc=False).augrc
 
 
+@_order.stood_in
 @_public.entry
 def eaurc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Array:
   r"""Excess AURC: AURC minus the smallest AURC any scoring of the same outcomes reaches.
@@ -224,7 +236,7 @@ def eaurc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Ar
   The result is clamped at 0 against float32 rounding.
 
   Args:
-    confidences: [..., n] scores in [0, 1].
+    confidences: [..., n] scores: any finite real values (inside ``jit``, in [0, 1]).
     correct: [..., n] boolean or 0/1 correctness (graded values are rejected: the
       optimum above assumes binary losses; inside jit/vmap they give NaN).
     convention: ``"step"`` (default), ``"trapezoid"`` or ``"published_code"``.
@@ -240,13 +252,14 @@ def eaurc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Ar
   return _summary(confidences, correct, convention, binary=True).eaurc
 
 
+@_order.stood_in
 @_public.entry
 def risk_coverage_summary(confidences: Any, correct: Any, *,
                           convention: str = "step") -> RiskCoverageSummary:
   """AURC, AUGRC and E-AURC from a single sort.
 
   Args:
-    confidences: [..., n] scores in [0, 1].
+    confidences: [..., n] scores: any finite real values (inside ``jit``, in [0, 1]).
     correct: [..., n] boolean / 0-1 correctness, or graded correctness in [0, 1]
       (then ``eaurc`` is NaN: its optimum is defined for binary losses only).
     convention: ``"step"`` (default), ``"trapezoid"`` or ``"published_code"``.
@@ -264,7 +277,6 @@ def risk_coverage_summary(confidences: Any, correct: Any, *,
   return _summary(confidences, correct, convention)
 
 
-@_public.entry
 def risk_coverage_curve(confidences: Any, correct: Any) -> RiskCoverageCurve:
   r"""The tie-grouped risk-coverage curve (one point per distinct confidence).
 
@@ -273,7 +285,7 @@ def risk_coverage_curve(confidences: Any, correct: Any) -> RiskCoverageCurve:
     \quad j = 1..G
 
   Args:
-    confidences: [..., n] scores in [0, 1].
+    confidences: [..., n] scores: any finite real values (inside ``jit``, in [0, 1]).
     correct: [..., n] boolean / 0-1 or graded correctness in [0, 1].
 
   Returns:
@@ -287,6 +299,17 @@ def risk_coverage_curve(confidences: Any, correct: Any) -> RiskCoverageCurve:
     >>> print(m, [round(float(x), 2) for x in curve.coverage[:m]], [round(float(x), 3) for x in curve.risk[:m]])
     3 [0.5, 0.75, 1.0] [0.5, 0.667, 0.5]
   """
+  stand_in, values = _order.stand_ins(confidences)
+  curve = _curve_entry(stand_in, correct)
+  if values is None:
+    return curve
+  # The thresholds of stood-in scores are stand-ins: their scores' values.
+  return curve._replace(thresholds=jnp.asarray(_order.values_of(np.asarray(curve.thresholds),
+                                                                values)))
+
+
+@_public.entry
+def _curve_entry(confidences: Any, correct: Any) -> RiskCoverageCurve:
   return _curve(confidences, correct)
 
 
@@ -321,6 +344,7 @@ def _at_targets(impl, confidences: Any, correct: Any, targets: Any, name: str, *
   return _validation.poison(result, rows=invalid, items=target_flag)
 
 
+@_order.stood_in
 @_public.entry
 def risk_at_coverage(confidences: Any, correct: Any, coverage: Any) -> jax.Array:
   r"""Selective risk at the smallest achievable coverage that is >= ``coverage``.
@@ -335,7 +359,7 @@ def risk_at_coverage(confidences: Any, correct: Any, coverage: Any) -> jax.Array
   such as 0.3 (not representable in float32) matches ``k_j / n = 0.3``.
 
   Args:
-    confidences: [..., n] scores in [0, 1].
+    confidences: [..., n] scores: any finite real values (inside ``jit``, in [0, 1]).
     correct: [..., n] boolean / 0-1 or graded correctness in [0, 1].
     coverage: target coverage(s) in (0, 1], scalar or any shape.
 
@@ -352,6 +376,7 @@ def risk_at_coverage(confidences: Any, correct: Any, coverage: Any) -> jax.Array
                      low_open=True)
 
 
+@_order.stood_in
 @_public.entry
 def coverage_at_risk(confidences: Any, correct: Any, risk: Any) -> jax.Array:
   r"""Largest achievable coverage whose selective risk is <= ``risk``.
@@ -365,7 +390,7 @@ def coverage_at_risk(confidences: Any, correct: Any, risk: Any) -> jax.Array:
   2**-22 so that a decimal target such as 0.1 matches a risk of exactly 1/10.
 
   Args:
-    confidences: [..., n] scores in [0, 1].
+    confidences: [..., n] scores: any finite real values (inside ``jit``, in [0, 1]).
     correct: [..., n] boolean / 0-1 or graded correctness in [0, 1].
     risk: target selective risk(s) in [0, 1], scalar or any shape.
 

@@ -259,6 +259,13 @@ PER_SAMPLE = {
 ALL = {**FUNCTIONS, **PER_SAMPLE}
 
 CASES = [(name, cls) for name, (_, classes) in ALL.items() for cls in classes]
+# The rank metrics take concrete real-valued scores (only their order counts); inside jit their
+# scores must lie in [0, 1], so these cases are invalid there only.
+RANK_METRICS = ("aurc", "augrc", "eaurc", "risk_coverage_summary", "risk_coverage_curve",
+                "risk_at_coverage", "coverage_at_risk")
+REAL_SCORES = [(name, cls) for name, cls in CASES
+               if name in RANK_METRICS and cls in ("confidence_above_1", "confidence_below_0")]
+EAGER_CASES = [case for case in CASES if case not in REAL_SCORES]
 
 
 def _inputs(cls: str | None) -> dict:
@@ -318,10 +325,24 @@ def _assert_nan_where_expected(name, out):
   assert not np.any(np.isnan(out[~expected])), out
 
 
-@pytest.mark.parametrize("name, cls", CASES)
+@pytest.mark.parametrize("name, cls", EAGER_CASES)
 def test_eager_raises_value_error_naming_the_problem(name, cls):
   with pytest.raises(ValueError, match=CLASSES[cls].match):
     ALL[name][0](_inputs(cls))
+
+
+@pytest.mark.parametrize("name, cls", REAL_SCORES)
+def test_eager_rank_metrics_take_real_scores(name, cls):
+  """Scores outside [0, 1] are accepted eagerly by the rank metrics: the values of the same
+  call on the scores' dense ranks mapped into [0, 1] (the curve's thresholds aside)."""
+  inputs = _inputs(cls)
+  distinct, rank = np.unique(inputs["c"], return_inverse=True)
+  ranked = dict(inputs, c=(rank.reshape(-1) / (distinct.size - 1)).astype(np.float32))
+  got, want = [ALL[name][0](inputs)], [ALL[name][0](ranked)]
+  if name == "risk_coverage_curve":  # the thresholds are the scores' own values
+    got, want = (cw.risk_coverage_curve(x["c"], x["k"])[1:] for x in (inputs, ranked))
+  for g, w in zip(got, want, strict=True):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -472,12 +493,13 @@ def test_wrong_dtypes_raise_type_error():
 
 
 def test_rank_metric_range_rule_is_one_argument():
-  """The rank metrics' scores must lie in [0, 1] by default; ``unit_scores=False`` accepts any
+  """The checked scores must lie in [0, 1] by default; ``unit_scores=False`` accepts any
   finite score (NaN still refused), and the CWSA family's samples (``scores=False``) still
-  need [0, 1]."""
+  need [0, 1]. (The public rank metrics take concrete real scores through stand-ins in
+  [0, 1]: ``cwsa_jax._order``; inside jit they flag scores outside [0, 1].)"""
   c = BASE["c"] * 10.0 - 3.0  # finite real scores outside [0, 1]
-  with pytest.raises(ValueError, match="confidences"):
-    cw.aurc(c, BASE["k"])
+  assert np.isfinite(float(cw.aurc(c, BASE["k"])))
+  assert bool(jnp.isnan(jax.jit(cw.aurc)(c, BASE["k"])))
   with pytest.raises(ValueError, match="confidences"):
     _validation.samples(c, BASE["k"], scores=True)
   checked = _validation.samples(c, BASE["k"], scores=True, unit_scores=False)

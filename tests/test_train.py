@@ -144,7 +144,7 @@ def test_killed_run_resumes_to_identical_results(tiny_mnist, tmp_path):
   assert set(chosen["validation"]) == {"coverage", "selective_risk", "cwsa"}
   assert set(chosen["test"]) == {"coverage", "selective_risk", "cwsa", "cwsa_plus"}
   assert set(a["scores"]) == {"msp", "max_logit", "margin", "neg_entropy", "doctor"}
-  assert a["scores"]["max_logit"]["rank_mapped"] and a["scores"]["max_logit"]["cwsa"] is None
+  assert a["scores"]["max_logit"]["cwsa"] is None
   assert set(a["cwsa"]) == {"0.5", "0.9"} and len(a["sweep"]["cwsa"]) == 50
   assert "idx" in a["data_source"]
 
@@ -463,7 +463,7 @@ def test_validation_split_is_stratified_seeded_and_disjoint():
 
 def test_scores_outside_the_unit_interval_keep_their_rank_metrics():
   import cwsa_jax as cw
-  from cwsa_jax.training.train import rank_to_unit_interval, score_metrics
+  from cwsa_jax.training.train import score_metrics
 
   rng = np.random.default_rng(4)
   logits = rng.normal(size=(300, 5)).astype(np.float32) * 3
@@ -471,22 +471,17 @@ def test_scores_outside_the_unit_interval_keep_their_rank_metrics():
   labels = rng.integers(0, 5, 300)
   correct = np.argmax(logits, -1) == labels
   max_logit = np.asarray(cw.confidence_scores(logits, method="max_logit"))
-  mapped = rank_to_unit_interval(max_logit)
-  assert mapped.min() == 0.0 and mapped.max() == 1.0
-  # Order and ties exactly as the scores'.
-  i, j = np.triu_indices(300, 1)
-  np.testing.assert_array_equal(np.sign(mapped[i] - mapped[j]), np.sign(max_logit[i] - max_logit[j]))
-  # For a score already in [0, 1], the mapped ranks give the same rank metrics.
+  # The scores' dense ranks in [0, 1] (order and ties as the scores'): the same rank metrics.
+  mapped = (np.unique(max_logit, return_inverse=True)[1].reshape(-1)
+            / (np.unique(max_logit).size - 1)).astype(np.float32)
   msp = np.asarray(cw.confidence_scores(logits, method="msp"))
-  ranked = rank_to_unit_interval(msp)
-  for metric in (cw.aurc, cw.eaurc, cw.augrc):
-    assert float(metric(ranked, correct)) == float(metric(msp, correct))
   summary = score_metrics(logits, labels)
-  assert summary["msp"]["aurc"] == float(cw.aurc(msp, correct)) and not summary["msp"]["rank_mapped"]
+  assert summary["msp"]["aurc"] == float(cw.aurc(msp, correct))
   assert summary["msp"]["cwsa"]["0.9"] == pytest.approx(float(cw.cwsa(msp, correct, 0.9)), abs=1e-6)
   for name in ("max_logit", "neg_entropy"):
-    assert summary[name]["rank_mapped"] and summary[name]["cwsa"] is None
-  assert summary["max_logit"]["aurc"] == float(cw.aurc(mapped, correct))
+    assert summary[name]["cwsa"] is None
+  for metric in ("aurc", "eaurc", "augrc"):
+    assert summary["max_logit"][metric] == float(getattr(cw, metric)(mapped, correct)), metric
 
 
 def test_deployment_threshold_is_chosen_on_validation_and_applied_to_test():
@@ -553,7 +548,7 @@ def test_summarize_tables_per_score_and_threshold_for_runs_with_a_validation_spl
     d = tmp_path / name
     d.mkdir()
     score = lambda aurc, cwsa: {"aurc": aurc, "eaurc": aurc / 2, "augrc": aurc / 3,
-                                "rank_mapped": cwsa is None, "cwsa": cwsa, "cwsa_plus": cwsa}
+                                "cwsa": cwsa, "cwsa_plus": cwsa}
     at = {"0.5": 0.9, "0.9": 0.95}
     metrics = {"dataset": "mnist", "loss": loss, "seed": seed, "epochs": 5, "test_accuracy": acc,
                "ece": 0.01, "aurc": 0.001, "eaurc": 0.0005, "augrc": 0.0008, "cwsa": at,

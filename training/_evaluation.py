@@ -38,8 +38,8 @@ AT_THRESHOLDS = (0.5, 0.9)  # the thresholds metrics.json reports one by one
 ECE_BINS = 15
 # The confidence scores metrics.json reports rank metrics for (cwsa_jax.confidence_scores).
 SCORES = ("msp", "max_logit", "margin", "neg_entropy", "doctor")
-# Those of them that lie in [0, 1]: the others are mapped into [0, 1] by their ranks
-# (rank_to_unit_interval) for the rank metrics, and have no CWSA.
+# Those of them that lie in [0, 1]: the others (real-valued) have rank metrics only; CWSA
+# depends on the scale of a confidence.
 UNIT_INTERVAL_SCORES = ("msp", "margin", "doctor")
 
 
@@ -106,51 +106,22 @@ def evaluate_logits(logits: np.ndarray, labels: np.ndarray,
   return summary, probs
 
 
-def rank_to_unit_interval(scores: Any) -> np.ndarray:
-  """Real scores mapped into [0, 1] by their dense rank: order and ties kept exactly.
-
-  ``rank(s_i) / (m - 1)``, with ``rank`` the index of ``s_i`` among the ``m``
-  distinct values (compared in float64), as float32. Every rank metric (AURC,
-  E-AURC, AUGRC: functions of the order of the scores alone) is the same on
-  the result as on the scores, which the rank kernels, clipping to [0, 1],
-  could not take directly. Not a calibration: CWSA and ECE of the result
-  mean nothing.
-
-  Raises:
-    ValueError: more distinct values than float32 keeps apart in [0, 1].
-
-  Examples:
-    >>> rank_to_unit_interval([3.5, -1.0, 3.5, 10.0]).tolist()
-    [0.5, 0.0, 0.5, 1.0]
-  """
-  values = np.asarray(scores, np.float64)
-  distinct, rank = np.unique(values, return_inverse=True)
-  if len(distinct) < 2:
-    return np.ones(values.shape, np.float32)
-  mapped = (rank.reshape(values.shape) / (len(distinct) - 1)).astype(np.float32)
-  if len(np.unique(mapped)) != len(distinct):
-    raise ValueError(f"{len(distinct)} distinct scores do not stay distinct as float32 ranks")
-  return mapped
-
-
 def score_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, dict[str, Any]]:
   """AURC, E-AURC, AUGRC (and CWSA, CWSA+ at 0.5 and 0.9) of each score of :data:`SCORES`.
 
-  Scores outside [0, 1] (``max_logit``, ``neg_entropy``) enter the rank
-  metrics through :func:`rank_to_unit_interval` (``"rank_mapped": true``) and
-  have no CWSA (``null``): CWSA depends on the scale of a confidence.
+  The rank metrics take the real-valued scores (``max_logit``, ``neg_entropy``)
+  as they are: only their order counts. Those have no CWSA (``null``): CWSA
+  depends on the scale of a confidence.
   """
   correct = np.argmax(logits, axis=-1) == labels
   out = {}
   for method in SCORES:
     scores = np.asarray(cw.confidence_scores(logits, method=method))
     in_unit = method in UNIT_INTERVAL_SCORES
-    conf = scores if in_unit else rank_to_unit_interval(scores)
-    entry = {"aurc": float(cw.aurc(conf, correct)), "eaurc": float(cw.eaurc(conf, correct)),
-             "augrc": float(cw.augrc(conf, correct)), "rank_mapped": not in_unit,
-             "cwsa": None, "cwsa_plus": None}
+    entry = {"aurc": float(cw.aurc(scores, correct)), "eaurc": float(cw.eaurc(scores, correct)),
+             "augrc": float(cw.augrc(scores, correct)), "cwsa": None, "cwsa_plus": None}
     if in_unit:
-      r = cw.sweep(conf, correct, np.asarray(AT_THRESHOLDS, np.float32))
+      r = cw.sweep(scores, correct, np.asarray(AT_THRESHOLDS, np.float32))
       entry["cwsa"] = {str(t): float(r.cwsa[j]) for j, t in enumerate(AT_THRESHOLDS)}
       entry["cwsa_plus"] = {str(t): float(r.cwsa_plus[j]) for j, t in enumerate(AT_THRESHOLDS)}
     out[method] = entry

@@ -93,7 +93,7 @@ from ._devices import (available_cores, batch_sharded, check_device_count,  # no
                        reuse_host_memory)
 from ._evaluation import (AT_THRESHOLDS, ECE_BINS, SCORES, UNIT_INTERVAL_SCORES,  # noqa: F401
                           _update_evaluation, evaluate_logits, evaluate_predictions, evaluate_run,
-                          make_evaluation_metrics, rank_to_unit_interval, score_metrics,
+                          make_evaluation_metrics, score_metrics,
                           select_deployment_threshold)
 
 CHECKPOINT = "checkpoint.msgpack"
