@@ -577,6 +577,45 @@ def prepare_at_threshold(confidences: Any, correct: Any, tau: Any, *, hint: str 
   return c, k, tau, rows, tau_flag
 
 
+def mask(values: Any, shape: tuple[int, ...], *, target: str = "labels.shape",
+         name: str = "mask") -> tuple[jax.Array, jax.Array | None]:
+  """(mask array, elementwise traced flag or None) of a sample mask, as ``nnx.metrics`` takes it.
+
+  A bool, integer or float array broadcastable to ``shape`` (the samples'
+  shape [..., n], called ``target`` in messages); a nonzero entry keeps its
+  sample, 0 drops it, so ``mask != 0`` is the kept set (a float mask is not a
+  weight). Float entries must be finite: concrete NaN or inf raises
+  ``ValueError``; traced ones give the flag, over the mask's own shape, for
+  the caller to :func:`poison` its results with.
+  """
+  if isinstance(values, jax.Array):  # tracers too: as they are
+    arr = values
+  else:
+    try:
+      arr = jnp.asarray(values)
+    except TypeError as e:  # strings, objects
+      raise DTypeError(f"{name} must be a boolean, integer or float array, got "
+                       f"{type(values).__name__}: {e}") from None
+    except ValueError as e:  # ragged nested lists
+      raise ValueError(f"{name} must be a boolean, integer or float array, got "
+                       f"{type(values).__name__}: {e}") from None
+  floating = jnp.issubdtype(arr.dtype, jnp.floating)
+  if not (floating or arr.dtype == jnp.bool_ or jnp.issubdtype(arr.dtype, jnp.integer)):
+    raise DTypeError(f"{name} must be a boolean, integer or float array (nonzero keeps a "
+                     f"sample), got dtype {arr.dtype}")
+  try:
+    fits = np.broadcast_shapes(arr.shape, tuple(shape)) == tuple(shape)
+  except ValueError:
+    fits = False
+  if not fits:
+    raise ValueError(
+        f"{name} must be broadcastable to {target} = {tuple(shape)}, got shape {arr.shape}")
+  flag = None
+  if floating:
+    flag = check_finite_in_unit_interval(arr, name, reduce_axes=0, unit=False)
+  return arr, flag
+
+
 def positive_int(x: Any, name: str) -> int:
   """``x`` as a Python int >= 1 (bools and non-integers refused)."""
   if isinstance(x, bool):

@@ -54,46 +54,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from cwsa_jax import _public
 from cwsa_jax import _soft
 from cwsa_jax import _validation
 
 CORRECTNESS = ("hard", "probability")
-
-
-def _mask(mask: Any, shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array | None]:
-  """(mask array, elementwise traced flag or None): bool, integer or float, broadcastable
-  to ``shape`` (labels.shape); float entries must be finite."""
-  if isinstance(mask, jax.Array):  # tracers too: as they are
-    arr = mask
-  else:
-    try:
-      arr = jnp.asarray(mask)
-    except TypeError as e:  # strings, objects
-      raise _validation.DTypeError(
-          f"mask must be a boolean, integer or float array, got {type(mask).__name__}: {e}"
-      ) from None
-    except ValueError as e:  # ragged nested lists
-      raise ValueError(f"mask must be a boolean, integer or float array, got "
-                       f"{type(mask).__name__}: {e}") from None
-  floating = jnp.issubdtype(arr.dtype, jnp.floating)
-  if not (floating or arr.dtype == jnp.bool_ or jnp.issubdtype(arr.dtype, jnp.integer)):
-    raise _validation.DTypeError(
-        f"mask must be a boolean, integer or float array (nonzero keeps a sample), "
-        f"got dtype {arr.dtype}")
-  try:
-    fits = np.broadcast_shapes(arr.shape, shape) == tuple(shape)
-  except ValueError:
-    fits = False
-  if not fits:
-    raise ValueError(
-        f"mask must be broadcastable to labels.shape = {tuple(shape)}, got shape {arr.shape}")
-  flag = None
-  if floating:
-    flag = _validation.check_finite_in_unit_interval(arr, "mask", reduce_axes=0, unit=False)
-  return arr, flag
 
 
 def _prepare(logits: Any, labels: Any, mask: Any = None
@@ -124,7 +90,7 @@ def _prepare(logits: Any, labels: Any, mask: Any = None
       logits = _validation.poison(logits, rows=flag)
       labels = jnp.where(flag, 0, labels)
     return logits, labels, None, None
-  mask, mask_flag = _mask(mask, labels.shape)
+  mask, mask_flag = _validation.mask(mask, labels.shape)
   # The kernels drop masked samples' values, so an invalid one there would not reach
   # the loss: the flag marks the whole batch row instead.
   flag = _validation.either(flag, mask_flag)

@@ -5,10 +5,13 @@ hold the exact sums of :class:`~cwsa_jax.streaming.SweepState`,
 :class:`~cwsa_jax.streaming.CalibrationState` and
 :class:`~cwsa_jax.streaming.RiskCoverageState` in ``nnx.metrics.MetricState``
 variables, with flax's ``update(**outputs)`` / ``compute()`` / ``reset()``:
-``update`` takes ``confidences=``/``correct=`` or ``logits=``/``labels=``
-(optional ``mask=``) and ignores every other keyword, so the metrics sit in an
-``nnx.MultiMetric`` beside ``nnx.metrics.Accuracy`` and ``Average('loss')``
-and update in place inside ``nnx.jit``:
+``update`` takes ``confidences=``/``correct=``, ``logits=``/``labels=`` or
+``probs=``/``labels=`` with any leading batch axes (all of them samples of the
+one stream), an optional ``mask=`` as ``nnx.metrics`` takes it (bool, integer
+or float, broadcastable to the samples' shape, nonzero keeps a sample), and
+ignores every other keyword, so the metrics sit in an ``nnx.MultiMetric``
+beside ``nnx.metrics.Accuracy`` and ``Average('loss')`` and update in place
+inside ``nnx.jit``:
 
 .. code-block:: python
 
@@ -57,7 +60,7 @@ except ModuleNotFoundError as e:  # flax is optional: not in the core install
 from cwsa_jax import streaming
 from cwsa_jax import SweepResult
 
-__all__ = ["CalibrationMetric", "RiskCoverageMetric", "SweepMetric"]
+__all__ = ["CalibrationMetric", "RiskCoverageMetric", "SweepMetric", "ThresholdMetric"]
 
 
 class _StateMetric(nnx.metrics.Metric):
@@ -93,9 +96,13 @@ class _StateMetric(nnx.metrics.Metric):
       axis_name: inside ``shard_map``: all-reduce the batch's sums over this
         mesh axis first, so that every device adds the whole global batch.
       **outputs: ``confidences=`` and ``correct=`` ([..., n]), or else
-        ``logits=`` ([..., n, K]) and ``labels=`` ([..., n]); optional
-        ``mask=`` (bool [..., n], False ignores a sample); any other keyword
-        (a loss, images) is ignored.
+        ``logits=`` ([..., n, K]) and ``labels=`` ([..., n]), or else
+        ``probs=`` ([..., n, K]) and ``labels=``; every leading axis holds
+        samples of the same stream (an update of [4, 16] equals one of the
+        flattened [64]). Optional ``mask=``: bool, integer or float,
+        broadcastable to [..., n]; an entry 0 ignores its sample, any other
+        value keeps it (a NaN entry raises, or under ``jit`` makes the metric
+        NaN). Any other keyword (a loss, images) is ignored.
     """
     batch = self._state_type.from_model_output(**outputs)
     if axis_name is not None:
@@ -146,6 +153,40 @@ class SweepMetric(_StateMetric):
 
   def compute(self) -> SweepResult:
     """The :class:`~cwsa_jax.SweepResult` of every sample added since the last :meth:`reset`."""
+    return super().compute()
+
+
+class ThresholdMetric(_StateMetric):
+  """One metric of :func:`~cwsa_jax.sweep` at one threshold, as a float32 scalar (exact).
+
+  ``compute()`` returns ``sweep(c, kappa, [tau]).<metric>[0]`` on every sample
+  added since the last ``reset()``, bit for bit: a scalar that loggers and
+  ``clu.metric_writers.write_scalars`` take as they take ``Accuracy``'s. It
+  holds the state of :meth:`SweepState.at <cwsa_jax.streaming.SweepState.at>`.
+
+  Args:
+    tau: the threshold, in [0, 1).
+    metric: ``"cwsa"`` (default), ``"cwsa_plus"``, ``"coverage"`` or
+      ``"selective_accuracy"``.
+    graded, normalize: as in :class:`SweepMetric`.
+
+  Examples:
+    >>> import numpy as np
+    >>> metric = ThresholdMetric(0.5)
+    >>> metric.update(confidences=np.array([[0.9, 0.6], [0.8, 0.55]]),
+    ...               correct=np.array([[True, False], [True, True]]))
+    >>> print(round(float(metric.compute()), 4))  # == cwsa(all four, 0.5)
+    0.325
+  """
+
+  def __init__(self, tau: float, *, metric: str = "cwsa", graded: bool = False,
+               normalize: str = "retained"):
+    super().__init__(streaming.SweepState.at(tau, metric=metric, graded=graded,
+                                             normalize=normalize))
+
+  def compute(self) -> jax.Array:
+    """The metric at the threshold (float32 scalar) of every sample added since the last
+    :meth:`reset`."""
     return super().compute()
 
 

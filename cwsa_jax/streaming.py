@@ -50,11 +50,25 @@ all-reduce of the exact sums) and returns the global state on every process.
 Inside a user's ``jit`` the value checks cannot raise; a batch with NaN or
 out-of-range values marks the state invalid and ``compute`` returns NaN.
 
+Masks: ``from_batch`` and ``from_model_output`` take ``mask=`` as
+``nnx.metrics`` does: bool, integer or float, broadcastable to the samples'
+shape [..., n]; an entry 0 drops its sample (padding), any other value keeps
+it whole (a 0/1 float mask gives the boolean mask's state bit for bit). A NaN
+or infinite entry raises ``ValueError``, or under ``jit`` marks the state
+invalid. Leading axes: ``from_batch`` keeps them as batch axes of the state
+(one state per row, :meth:`~SweepState.reduce` merges them);
+``from_model_output`` (clu's and nnx's protocol) flattens them, every sample
+one of the same stream.
+
 clu's ``Metric`` protocol: ``configure(...)`` returns a subclass holding the
 options (thresholds, bins), whose ``empty()`` takes no arguments and whose
-``from_model_output(**outputs)`` takes ``confidences=``/``correct=`` or
-``logits=``/``labels=`` (optional ``mask=``, other outputs ignored), so a
-``clu.metrics.Collection`` can hold the states:
+``from_model_output(**outputs)`` takes ``confidences=``/``correct=``,
+``logits=``/``labels=`` or ``probs=``/``labels=`` (optional ``mask=``, other
+outputs ignored), so a ``clu.metrics.Collection`` can hold the states.
+``compute_value()`` gives clu a ``clu.values.Scalar``: the ECE of a
+:class:`CalibrationState`, the AURC (or the field ``configure(metric=...)``
+names) of a :class:`RiskCoverageState`, and for CWSA the one-threshold
+:meth:`SweepState.at` (a sweep over T thresholds has no scalar and says so):
 
 .. code-block:: python
 
@@ -64,6 +78,12 @@ options (thresholds, bins), whose ``empty()`` takes no arguments and whose
   metrics = Metrics.empty()
   metrics = metrics.merge(Metrics.single_from_model_output(logits=logits, labels=labels))
   metrics.compute()  # {"sweep": SweepResult, "ece": ..., "aurc": BinnedRiskCoverage}
+
+  Scalars = clu.metrics.Collection.create(
+      cwsa_50=SweepState.at(0.5), coverage_50=SweepState.at(0.5, metric="coverage"),
+      ece=CalibrationState.configure(num_bins=15), aurc=RiskCoverageState)
+  ...  # the same loop
+  clu.metric_writers.write_values(writer, step, scalars.compute_values())
 
 ``cwsa_jax.nnx`` wraps the same states as ``flax.nnx`` metrics.
 """

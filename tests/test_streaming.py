@@ -143,9 +143,9 @@ def test_bad_input_raises_value_error():
     state.merge(SweepState.empty(THRESHOLDS[:3]))
   with pytest.raises(ValueError, match="boolean vs graded"):
     state.merge(SweepState.empty(THRESHOLDS, graded=True))
-  with pytest.raises(ValueError, match="mask must be boolean"):
-    SweepState.from_batch(c, k, THRESHOLDS, mask=np.ones(N))
-  with pytest.raises(ValueError, match="mask shape"):
+  with pytest.raises(TypeError, match="mask must be a boolean, integer or float"):
+    SweepState.from_batch(c, k, THRESHOLDS, mask=np.ones(N, np.complex64))
+  with pytest.raises(ValueError, match="mask must be broadcastable to confidences.shape"):
     SweepState.from_batch(c, k, THRESHOLDS, mask=np.ones(3, bool))
   with pytest.raises(ValueError, match="confidences"):
     SweepState.from_batch(c + 1, k, THRESHOLDS)

@@ -17,6 +17,7 @@ from cwsa_jax import _stats
 from cwsa_jax._states._common import _batched
 from cwsa_jax._states._common import _check_capacity
 from cwsa_jax._states._common import _check_same
+from cwsa_jax._states._common import _clu_scalar
 from cwsa_jax._states._common import _configured
 from cwsa_jax._states._common import _empty_sums
 from cwsa_jax._states._common import _merged
@@ -79,25 +80,36 @@ class CalibrationState:
     return cls(hi, lo, top, jnp.zeros((), bool))
 
   @classmethod
-  @_public.entry
   def from_batch(cls, confidences: Any, correct: Any, *, num_bins: int | None = None,
                  mask: Any = None) -> CalibrationState:
-    """The state of one batch [..., n]; ``mask`` False marks padding."""
+    """The state of one batch [..., n] (leading axes kept as batch axes of the state).
+
+    ``mask``: optional bool, integer or float array broadcastable to [..., n];
+    0 marks padding (see :meth:`SweepState.from_batch`).
+    """
+    return cls._from_batch(confidences, correct, num_bins, mask, one_stream=False)
+
+  @classmethod
+  def from_model_output(cls, *, confidences: Any = None, correct: Any = None, logits: Any = None,
+                        labels: Any = None, probs: Any = None, mask: Any = None,
+                        **_: Any) -> CalibrationState:
+    """The state of one batch of model outputs, all leading axes one stream (clu's protocol);
+    see :meth:`SweepState.from_model_output`."""
+    c, k = _model_outputs(cls.__name__, confidences, correct, logits, labels, probs)
+    return cls._from_batch(c, k, None, mask, one_stream=True)
+
+  @classmethod
+  @_public.entry
+  def _from_batch(cls, confidences: Any, correct: Any, num_bins: int | None, mask: Any, *,
+                  one_stream: bool) -> CalibrationState:
     num_bins = cls._num_bins if num_bins is None else num_bins
     _calibration._check_options(num_bins, "width")
-    c, k, mask = _prepare_batch(confidences, correct, mask)
+    c, k, mask = _prepare_batch(confidences, correct, mask, one_stream=one_stream)
     fn = _batched(functools.partial(_calibration_state_1d, num_bins=int(num_bins)), c.ndim - 1,
                   (0, 0, None if mask is None else 0))
     hi, lo, invalid = fn(c, k, mask)
     top, hi, lo = _exact.widen(hi, lo)
     return cls(hi, lo, top, invalid)
-
-  @classmethod
-  def from_model_output(cls, *, confidences: Any = None, correct: Any = None, logits: Any = None,
-                        labels: Any = None, mask: Any = None, **_: Any) -> CalibrationState:
-    """The state of one batch of model outputs (clu's protocol); see :meth:`SweepState.from_model_output`."""
-    c, k = _model_outputs(cls.__name__, confidences, correct, logits, labels)
-    return cls.from_batch(c, k, mask=mask)
 
   @property
   def num_bins(self) -> int:
@@ -127,6 +139,13 @@ class CalibrationState:
     fn = _batched(functools.partial(_calibration_error, norm=norm), self.hi.ndim - 2,
                   (0, 0, 0, 0))
     return fn(self.hi, self.lo, self.top, self.invalid)
+
+  def compute_value(self) -> Any:
+    """clu's ``Metric.compute_value``: ``clu.values.Scalar(compute())`` (clu is imported here).
+
+    Needs a state without batch axes (``reduce()`` one first).
+    """
+    return _clu_scalar(self, self.compute())
 
   def bins(self) -> _calibration.CalibrationBins:
     """The reliability-diagram bins (:class:`~cwsa_jax.CalibrationBins`)."""

@@ -43,26 +43,43 @@ _NO_GRADIENT = (
     "cwsa_jax.sweep / cwsa / ece (exact almost everywhere) or soft_cwsa (relaxed) instead")
 
 
-def _prepare_batch(confidences: Any, correct: Any, mask: Any):
+def _prepare_batch(confidences: Any, correct: Any, mask: Any, *, one_stream: bool = False):
   """Validated float32 confidences, correctness and optional bool mask [..., n].
 
+  ``mask``: bool, integer or float (``nnx.metrics``' masks), broadcastable to
+  the confidences' shape; ``mask != 0`` keeps a sample (:func:`_validation.mask`).
+  It is returned as bool of the confidences' shape, so a 0/1 float mask gives
+  exactly the boolean mask's state. With ``one_stream`` the leading axes are
+  samples of one stream: [..., n] becomes [n'] (clu's and nnx's protocol,
+  where every batch merges into one running state).
+
   Traced invalid values (integer correctness other than 0/1 included, checked
-  before the cast to bool) make the row's confidences NaN, which the state
-  kernels record in ``invalid``. The states hold exact integer sums with no
-  derivative: differentiating through ``from_batch`` raises ``TypeError``.
+  before the cast to bool; a NaN or infinite mask entry) make the row's
+  confidences NaN, which the state kernels record in ``invalid``. The states
+  hold exact integer sums with no derivative: differentiating through
+  ``from_batch`` raises ``TypeError``.
   """
   c = _validation.as_float_array(confidences, "confidences")
   k = _validation.correct_array(correct)
+  _validation.check_same_leading_shape(c, k, "confidences", "correct")
+  mask_rows = None
   if mask is not None:
-    mask = jnp.asarray(mask)
+    mask, mask_flag = _validation.mask(mask, c.shape, target="confidences.shape")
     if mask.dtype != jnp.bool_:
-      raise ValueError(f"mask must be boolean, got dtype {mask.dtype}")
+      mask = mask != 0
     if mask.shape != c.shape:
-      raise ValueError(f"mask shape {mask.shape} does not match confidences shape {c.shape}")
+      mask = jnp.broadcast_to(mask, c.shape)
+    if mask_flag is not None:  # an invalid entry, kept or not, marks its row (as in the losses)
+      mask_rows = jnp.any(jnp.broadcast_to(mask_flag, c.shape), axis=-1)
+  if one_stream and c.ndim > 1:
+    c, k = c.reshape(-1), k.reshape(-1)
+    mask = None if mask is None else mask.reshape(-1)
+    mask_rows = None if mask_rows is None else jnp.any(mask_rows)
+  if mask is not None:
     # Padding may hold anything; only the kept samples are checked and summed.
     c = jnp.where(mask, c, 0.0)
     k = jnp.where(mask, k, jnp.zeros((), k.dtype))
-  invalid = _validation.check_samples(c, k)
+  invalid = _validation.either(_validation.check_samples(c, k), mask_rows)
   c = _validation.poison(c.astype(jnp.float32), rows=invalid)
   k = _validation.convert_correct(k)
   c = _validation.refuse_gradient(c, _NO_GRADIENT)
@@ -127,6 +144,26 @@ def _check_capacity(state: Any) -> None:
                      f"a state is {_CAPACITY_TEXT}")
 
 
+def _clu_scalar(state: Any, value: jax.Array) -> Any:
+  """``clu.values.Scalar(value)``, what clu's ``Metric.compute_value`` returns for a scalar.
+
+  clu is imported here, not with the module: it is an optional dependency (the
+  states follow its protocol without it). A state with batch axes has one value
+  per batch row, which no writer takes as a scalar: ``reduce()`` it first.
+  """
+  if state.invalid.ndim:
+    raise ValueError(f"{type(state).__name__}.compute_value needs a state without batch axes, "
+                     f"got batch shape {state.invalid.shape}: reduce() it first")
+  try:
+    from clu import values  # pylint: disable=import-outside-toplevel
+  except ModuleNotFoundError as e:
+    if e.name != "clu":
+      raise
+    raise ModuleNotFoundError("compute_value is clu's protocol and returns a clu.values.Value: "
+                              "pip install clu (or use compute())", name="clu") from None
+  return values.Scalar(value)
+
+
 def _configured(cls: type, **options: Any) -> type:
   """The subclass of the state class ``cls`` with class options ``options`` (one per options)."""
   return _configured_class(cls, tuple(sorted(options.items())))
@@ -143,14 +180,18 @@ def _configured_class(cls: type, options: tuple) -> type:
       meta_fields=[f.name for f in fields if f.metadata.get("static")])
 
 
-def _model_outputs(owner: str, confidences: Any, correct: Any, logits: Any, labels: Any):
-  """(confidences, correct) from ``confidences=``/``correct=`` or else ``logits=``/``labels=``."""
+def _model_outputs(owner: str, confidences: Any, correct: Any, logits: Any, labels: Any,
+                   probs: Any = None):
+  """(confidences, correct) from ``confidences=``/``correct=``, else ``logits=``/``labels=``,
+  else ``probs=``/``labels=``."""
   if confidences is not None or correct is not None:
     if confidences is None or correct is None:
       raise TypeError(f"{owner}.from_model_output needs both confidences= and correct= "
                       f"(got only {'confidences' if correct is None else 'correct'}=)")
     return confidences, correct
-  if logits is None or labels is None:
-    raise TypeError(f"{owner}.from_model_output needs confidences= and correct=, "
-                    "or logits= and labels=")
-  return _confidence.confidences_from_logits(logits, labels)
+  if labels is not None and logits is not None:
+    return _confidence.confidences_from_logits(logits, labels)
+  if labels is not None and probs is not None:
+    return _confidence.confidences_from_probs(probs, labels)
+  raise TypeError(f"{owner}.from_model_output needs confidences= and correct=, "
+                  "or logits= and labels= (or probs= and labels=)")

@@ -23,6 +23,7 @@ from cwsa_jax._kernels import _sort
 from cwsa_jax import _stats
 from cwsa_jax._states._common import _batched
 from cwsa_jax._states._common import _check_capacity
+from cwsa_jax._states._common import _clu_scalar
 from cwsa_jax._states._common import _configured
 from cwsa_jax._states._common import _empty_sums
 from cwsa_jax._states._common import _merged
@@ -72,6 +73,10 @@ class BinnedRiskCoverage(NamedTuple):
   exact: jax.Array
 
 
+# The fields of a BinnedRiskCoverage that compute_value can give clu (all but ``exact``).
+_SCALAR_FIELDS = BinnedRiskCoverage._fields[:-1]
+
+
 @public
 def confidence_key(c: jax.Array) -> jax.Array:
   """An int32 key, strictly increasing in ``c`` in [0, 1], fine near 0 and near 1.
@@ -118,17 +123,24 @@ class RiskCoverageState:
   invalid: jax.Array
   mantissa_bits: int = dataclasses.field(default=8, metadata=dict(static=True))
 
-  # Class option (not a field), set by configure().
+  # Class options (not fields), set by configure().
   _mantissa_bits = 8
+  _metric = "aurc"
 
   @classmethod
-  def configure(cls, *, mantissa_bits: int = 8) -> type[RiskCoverageState]:
+  def configure(cls, *, mantissa_bits: int = 8, metric: str = "aurc") -> type[RiskCoverageState]:
     """A subclass whose bins have ``mantissa_bits`` (clu's protocol; see :meth:`SweepState.configure`).
 
     The unconfigured class already follows the protocol with the default 8 bits.
+    ``metric``: the :class:`BinnedRiskCoverage` field that :meth:`compute_value`
+    gives clu as a scalar: ``"aurc"`` (default), ``"augrc"`` or one of their
+    bounds (``"aurc_low"``, ...); :meth:`compute` still returns them all.
     """
     num_rc_bins(mantissa_bits)
-    return _configured(cls, _mantissa_bits=int(mantissa_bits))
+    if metric not in _SCALAR_FIELDS:
+      raise ValueError(f"metric must be one of {', '.join(map(repr, _SCALAR_FIELDS))}, "
+                       f"got {metric!r}")
+    return _configured(cls, _mantissa_bits=int(mantissa_bits), _metric=metric)
 
   @classmethod
   def empty(cls, *, mantissa_bits: int | None = None) -> RiskCoverageState:
@@ -140,25 +152,36 @@ class RiskCoverageState:
                jnp.full((bins,), -1, jnp.int32), jnp.zeros((), bool), mantissa_bits)
 
   @classmethod
-  @_public.entry
   def from_batch(cls, confidences: Any, correct: Any, *, mantissa_bits: int | None = None,
                  mask: Any = None) -> RiskCoverageState:
-    """The state of one batch [..., n]; ``mask`` False marks padding."""
+    """The state of one batch [..., n] (leading axes kept as batch axes of the state).
+
+    ``mask``: optional bool, integer or float array broadcastable to [..., n];
+    0 marks padding (see :meth:`SweepState.from_batch`).
+    """
+    return cls._from_batch(confidences, correct, mantissa_bits, mask, one_stream=False)
+
+  @classmethod
+  def from_model_output(cls, *, confidences: Any = None, correct: Any = None, logits: Any = None,
+                        labels: Any = None, probs: Any = None, mask: Any = None,
+                        **_: Any) -> RiskCoverageState:
+    """The state of one batch of model outputs, all leading axes one stream (clu's protocol);
+    see :meth:`SweepState.from_model_output`."""
+    c, k = _model_outputs(cls.__name__, confidences, correct, logits, labels, probs)
+    return cls._from_batch(c, k, None, mask, one_stream=True)
+
+  @classmethod
+  @_public.entry
+  def _from_batch(cls, confidences: Any, correct: Any, mantissa_bits: int | None, mask: Any, *,
+                  one_stream: bool) -> RiskCoverageState:
     mantissa_bits = cls._mantissa_bits if mantissa_bits is None else mantissa_bits
     num_rc_bins(mantissa_bits)
-    c, k, mask = _prepare_batch(confidences, correct, mask)
+    c, k, mask = _prepare_batch(confidences, correct, mask, one_stream=one_stream)
     fn = _batched(functools.partial(_rc_state_1d, mantissa_bits=mantissa_bits), c.ndim - 1,
                   (0, 0, None if mask is None else 0))
     hi, lo, key_min, key_max, invalid = fn(c, k, mask)
     top, hi, lo = _exact.widen(hi, lo)
     return cls(hi, lo, top, key_min, key_max, invalid, mantissa_bits)
-
-  @classmethod
-  def from_model_output(cls, *, confidences: Any = None, correct: Any = None, logits: Any = None,
-                        labels: Any = None, mask: Any = None, **_: Any) -> RiskCoverageState:
-    """The state of one batch of model outputs (clu's protocol); see :meth:`SweepState.from_model_output`."""
-    c, k = _model_outputs(cls.__name__, confidences, correct, logits, labels)
-    return cls.from_batch(c, k, mask=mask)
 
   def merge(self, other: "RiskCoverageState") -> "RiskCoverageState":
     if other.mantissa_bits != self.mantissa_bits:
@@ -185,6 +208,14 @@ class RiskCoverageState:
     _check_capacity(self)
     fn = _batched(_rc_compute, self.hi.ndim - 2, (0, 0, 0, 0, 0, 0))
     return fn(self.hi, self.lo, self.top, self.key_min, self.key_max, self.invalid)
+
+  def compute_value(self) -> Any:
+    """clu's ``Metric.compute_value``: ``clu.values.Scalar`` of the class's metric (the AURC
+    estimate unless :meth:`configure` chose another field of :meth:`compute`).
+
+    Needs clu (imported here) and a state without batch axes.
+    """
+    return _clu_scalar(self, getattr(self.compute(), type(self)._metric))
 
 
 def num_rc_bins(mantissa_bits: Any) -> int:

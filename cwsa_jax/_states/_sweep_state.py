@@ -17,6 +17,7 @@ from cwsa_jax import _validation
 from cwsa_jax._states._common import _batched
 from cwsa_jax._states._common import _check_capacity
 from cwsa_jax._states._common import _check_same
+from cwsa_jax._states._common import _clu_scalar
 from cwsa_jax._states._common import _configured
 from cwsa_jax._states._common import _empty_sums
 from cwsa_jax._states._common import _merged
@@ -76,6 +77,7 @@ class SweepState:
   _thresholds = None
   _graded = False
   _normalize = "retained"
+  _metric = None  # set by at(): compute() gives this SweepResult field at the one threshold
 
   @classmethod
   def configure(cls, *, thresholds: Any, graded: bool = False,
@@ -104,7 +106,55 @@ class SweepState:
     t = np.asarray(_validation.as_thresholds(thresholds))
     _stats.check_normalize(normalize)
     return _configured(cls, _thresholds=tuple(t.tolist()), _graded=bool(graded),
-                       _normalize=normalize)
+                       _normalize=normalize, _metric=None)
+
+  @classmethod
+  def at(cls, tau: float, *, metric: str = "cwsa", graded: bool = False,
+         normalize: str = "retained") -> type[SweepState]:
+    """A configured class of one threshold whose :meth:`compute` is one scalar: a clu metric.
+
+    Its states are :class:`SweepState` s of the single threshold ``tau``
+    (:meth:`configure` with ``thresholds=[tau]``) and merge as such, but
+    :meth:`compute` returns the float32 scalar ``sweep(c, kappa, [tau]).<metric>[0]``
+    (``[...]`` with batch axes), bit for bit, and :meth:`compute_value` its
+    ``clu.values.Scalar``: what clu's ``Collection.compute_values()`` and
+    ``clu.metric_writers.write_values`` take. One class per options, so several
+    in one ``Collection`` (``cwsa_50=SweepState.at(0.5), cwsa_90=SweepState.at(0.9)``)
+    each hold a state of one threshold.
+
+    Args:
+      tau: the threshold, in [0, 1).
+      metric: the :class:`~cwsa_jax.SweepResult` field: ``"cwsa"`` (default),
+        ``"cwsa_plus"``, ``"coverage"`` or ``"selective_accuracy"``.
+      graded, normalize: as in :meth:`configure`.
+
+    Examples:
+      >>> Cwsa = SweepState.at(0.5)
+      >>> state = Cwsa.empty().merge(Cwsa.from_model_output(
+      ...     confidences=np.array([0.9, 0.6, 0.8, 0.55]), correct=np.array([1, 0, 1, 1])))
+      >>> print(round(float(state.compute()), 4))  # == cwsa(c, ok, 0.5)
+      0.325
+
+      In a clu ``Collection`` (clu is optional: this example needs it):
+
+      >>> import pytest; clu_metrics = pytest.importorskip("clu.metrics")
+      >>> Metrics = clu_metrics.Collection.create(
+      ...     cwsa=SweepState.at(0.5), coverage=SweepState.at(0.5, metric="coverage"),
+      ...     ece=CalibrationState.configure(num_bins=10), aurc=RiskCoverageState)
+      >>> logits = np.array([[2.0, 0.0], [0.3, 0.1], [0.0, 1.5]], np.float32)
+      >>> metrics = Metrics.empty().merge(Metrics.single_from_model_output(
+      ...     logits=logits, labels=np.array([0, 1, 1]), loss=0.7))
+      >>> values = metrics.compute_values()  # {name: clu.values.Scalar}: for write_values
+      >>> print({name: round(float(v.value), 4) for name, v in sorted(values.items())})
+      {'aurc': 0.1111, 'coverage': 1.0, 'cwsa': 0.4324, 'ece': 0.2838}
+    """
+    if metric not in _sweep.METRIC_FIELDS:
+      raise ValueError(f"metric must be one of {', '.join(map(repr, _sweep.METRIC_FIELDS))}, "
+                       f"got {metric!r}")
+    t = np.asarray(_validation.as_thresholds([tau]))
+    _stats.check_normalize(normalize)
+    return _configured(cls, _thresholds=tuple(t.tolist()), _graded=bool(graded),
+                       _normalize=normalize, _metric=metric)
 
   @classmethod
   def _class_thresholds(cls) -> np.ndarray:
@@ -126,7 +176,6 @@ class SweepState:
     return cls(t, hi, lo, top, jnp.zeros((), bool))
 
   @classmethod
-  @_public.entry
   def from_batch(cls, confidences: Any, correct: Any, thresholds: Any = None, *,
                  mask: Any = None) -> SweepState:
     """The state of one batch [..., n] (leading axes are kept as batch axes of the state).
@@ -135,32 +184,50 @@ class SweepState:
       confidences: [..., n] confidences in [0, 1].
       correct: [..., n] boolean correctness or graded kappa in [0, 1].
       thresholds: [T] thresholds in [0, 1) (default: the class's, :meth:`configure`).
-      mask: optional bool [..., n]; samples with False are ignored (padding).
+      mask: optional bool, integer or float array broadcastable to [..., n]
+        (as ``nnx.metrics`` takes it); a sample whose entry is 0 is ignored
+        (padding), any other value keeps it. A NaN or infinite entry raises
+        ``ValueError`` (under ``jit``: the state is invalid, ``compute`` NaN).
     """
+    return cls._from_batch(confidences, correct, thresholds, mask, one_stream=False)
+
+  @classmethod
+  def from_model_output(cls, *, confidences: Any = None, correct: Any = None, logits: Any = None,
+                        labels: Any = None, probs: Any = None, mask: Any = None,
+                        **_: Any) -> SweepState:
+    """The state of one batch of model outputs at the class's thresholds (clu's protocol).
+
+    Every leading axis holds samples of the same stream: outputs [..., n] give
+    the state of their n' = prod(shape) samples (no batch axes), which merges
+    into the running state of :meth:`empty` (clu's ``Collection``,
+    :class:`cwsa_jax.nnx.SweepMetric`).
+
+    Args:
+      confidences, correct: [..., n] confidences and correctness, as in
+        :meth:`from_batch`; or else
+      logits, labels: [..., n, K] logits and [..., n] integer labels, turned
+        into confidences by :func:`~cwsa_jax.confidences_from_logits`; or else
+      probs, labels: [..., n, K] probabilities and labels
+        (:func:`~cwsa_jax.confidences_from_probs`).
+      mask: optional bool, integer or float array broadcastable to [..., n];
+        a sample whose entry is 0 is ignored (see :meth:`from_batch`).
+      **_: other model outputs (a loss, ...), ignored.
+    """
+    c, k = _model_outputs(cls.__name__, confidences, correct, logits, labels, probs)
+    return cls._from_batch(c, k, None, mask, one_stream=True)
+
+  @classmethod
+  @_public.entry
+  def _from_batch(cls, confidences: Any, correct: Any, thresholds: Any, mask: Any, *,
+                  one_stream: bool) -> SweepState:
     t = _validation.as_thresholds(cls._class_thresholds() if thresholds is None else thresholds)
-    c, k, mask = _prepare_batch(confidences, correct, mask)
+    c, k, mask = _prepare_batch(confidences, correct, mask, one_stream=one_stream)
     if cls._graded:
       k = k.astype(jnp.float32)
     fn = _batched(_sweep_state_1d, c.ndim - 1, (0, 0, None, None if mask is None else 0))
     hi, lo, invalid = fn(c, k, t, mask)
     top, hi, lo = _exact.widen(hi, lo)
     return cls(t, hi, lo, top, invalid)
-
-  @classmethod
-  def from_model_output(cls, *, confidences: Any = None, correct: Any = None, logits: Any = None,
-                        labels: Any = None, mask: Any = None, **_: Any) -> SweepState:
-    """The state of one batch of model outputs at the class's thresholds (clu's protocol).
-
-    Args:
-      confidences, correct: [..., n] confidences and correctness, as in
-        :meth:`from_batch`; or else
-      logits, labels: [..., n, K] logits and [..., n] integer labels, turned
-        into confidences by :func:`~cwsa_jax.confidences_from_logits`.
-      mask: optional bool [..., n]; samples with False are ignored.
-      **_: other model outputs (a loss, ...), ignored.
-    """
-    c, k = _model_outputs(cls.__name__, confidences, correct, logits, labels)
-    return cls.from_batch(c, k, mask=mask)
 
   @property
   def graded(self) -> bool:
@@ -192,15 +259,35 @@ class SweepState:
     ``normalize`` (``"retained"`` or ``"all"``, see :func:`~cwsa_jax.sweep`)
     defaults to the class's, ``"retained"`` unless :meth:`configure` set it.
     A state with no samples gives coverage NaN (0/0), CWSA 0 and selective
-    accuracy NaN.
+    accuracy NaN. A class made by :meth:`at` returns its one metric at its
+    one threshold instead: a float32 scalar ([...] with batch axes).
     """
     normalize = type(self)._normalize if normalize is None else normalize
     _stats.check_normalize(normalize)
     _check_capacity(self)
     lead = self.hi.ndim - 2
     fn = _batched(_sweep_compute, lead, (None, 0, 0, 0, 0))
-    return _stats.renormalize(fn(self.thresholds, self.hi, self.lo, self.top, self.invalid),
-                              normalize)
+    result = _stats.renormalize(fn(self.thresholds, self.hi, self.lo, self.top, self.invalid),
+                                normalize)
+    metric = type(self)._metric
+    return result if metric is None else getattr(result, metric)[..., 0]
+
+  def compute_value(self) -> Any:
+    """clu's ``Metric.compute_value``: ``clu.values.Scalar(compute())`` for a class made by :meth:`at`.
+
+    A sweep over T thresholds gives T values per metric, which no
+    ``clu.values`` type holds as scalars: this raises ``TypeError`` naming
+    :meth:`at` (one scalar metric per threshold in the ``Collection``); read
+    such a state's arrays with :meth:`compute`. Needs clu (imported here) and a
+    state without batch axes.
+    """
+    if type(self)._metric is None:
+      raise TypeError(
+          f"{type(self).__name__}.compute_value: a sweep over {self.thresholds.shape[-1]} "
+          "threshold(s) gives arrays, not a clu scalar; for clu's compute_values() / "
+          "write_values use SweepState.at(tau, metric='cwsa') (one scalar per threshold), "
+          "or read the SweepResult with compute()")
+    return _clu_scalar(self, self.compute())
 
 
 @jax.jit
