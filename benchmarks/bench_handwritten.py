@@ -10,8 +10,9 @@ Usage:
 
 The cases (``component``: what the kit does by hand, and the library way beside it):
 
-* ``csv``: :func:`cwsa_jax.cli._csv.iter_csv_chunks` (NumPy's ``loadtxt`` on blocks of
-  rows, a ``csv``-module fallback), its blocks concatenated, against pyarrow's CSV
+* ``csv``: :func:`cwsa_jax.cli._csv.iter_csv_chunks` (pyarrow's parser on blocks of rows
+  where pyarrow is installed, NumPy's ``loadtxt`` otherwise, a ``csv``-module fallback for
+  the rest), its blocks concatenated, against pyarrow's CSV
   reader producing the same NumPy arrays: ``pyarrow.csv.read_csv`` (its own threads, and
   ``use_threads=False``) and ``pyarrow.csv.open_csv`` (streamed record batches, bounded
   memory as the kit's blocks). Files of n rows in the layouts the CLI reads:

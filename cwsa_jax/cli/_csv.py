@@ -1,9 +1,13 @@
-"""Reading a predictions CSV in blocks of rows, with NumPy's C parser.
+"""Reading a predictions CSV in blocks of rows, with pyarrow's or NumPy's C parser.
 
 The file is read as bytes, a block of ``chunk_rows`` lines at a time, so memory
 stays bounded by the block (plus the arrays the caller keeps). Each block is
-parsed by one of two paths that accept exactly the same files:
+parsed by one of three paths that accept exactly the same files:
 
+* the arrow path hands the block to :func:`pyarrow.csv.read_csv` with the
+  needed columns' types given (pyarrow is an optional extra, imported on first
+  use); like the fast path it gives up on anything unusual, so its accepted
+  values are the careful path's and every error message comes from there;
 * the fast path hands the block to :func:`numpy.loadtxt` (its C parser) for the
   needed columns only, and checks every value with vectorised NumPy; it gives up
   (returns ``None``) on anything unusual: a quote character, a malformed or
@@ -12,8 +16,8 @@ parsed by one of two paths that accept exactly the same files:
   reference: it either returns the same arrays or raises a
   :class:`~cwsa_jax.cli._util.UserError` naming the file, the line and the cell.
 
-:func:`iter_csv_chunks` takes both (``parsers``); tests pass one of them, to
-compare the fast path with the careful one.
+:func:`iter_csv_chunks` takes any of them (``parsers``), trying them in that order;
+tests pass one or two, to compare each path with the careful one.
 
 Bytes are decoded as Latin-1 (every byte is valid), so a byte that is not UTF-8
 in a column the kit does not read never rejects the file; only text that is
@@ -27,18 +31,20 @@ from __future__ import annotations
 
 import csv
 import io
-import itertools
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
+from cwsa_jax.cli import _arrow_csv
+from cwsa_jax.cli import _lines
 from cwsa_jax.cli._util import UserError
 
 DEFAULT_CHUNK_ROWS = 1 << 16
-PARSERS = ("fast", "careful")
+PARSERS = ("arrow", "fast", "careful")
 DELIMITERS = (",", ";", "\t", "|")
 CONFIDENCE_SLACK = 1e-6
 LABEL_COLUMNS = ("y_true", "y_pred", "confidence")
@@ -49,6 +55,8 @@ _SPACE = " \t\r\n\x0b\x0c"          # ASCII whitespace: stripping never cuts a U
 _MAX_EXACT_LABEL = 2.0 ** 53        # integer labels beyond this are not exact in float64
 _BOOL_WIDTH, _NAME_WIDTH = 16, 64   # fast-path text fields; a cell this long takes the careful path
 _SHOWN_CHARS = 60
+_BOM = b"\xef\xbb\xbf"
+_CONTENT = re.compile(rb"[^\r\n]")  # a byte that is not a line end
 
 
 class CsvChunk(NamedTuple):
@@ -98,7 +106,7 @@ class _LabelKind:
 
 def iter_csv_chunks(path: str | os.PathLike, chunk_rows: int = DEFAULT_CHUNK_ROWS, *,
                     group_by: str | None = None,
-                    parsers: tuple[str, ...] = PARSERS) -> Iterator[CsvChunk]:
+                    parsers: tuple[str, ...] | None = None) -> Iterator[CsvChunk]:
   """Yields the rows of a predictions CSV in blocks, parsed and checked.
 
   The header (the first non-blank line) names either the columns
@@ -116,10 +124,11 @@ def iter_csv_chunks(path: str | os.PathLike, chunk_rows: int = DEFAULT_CHUNK_ROW
       (fewer where lines are blank; a quoted field that runs over the block's
       last line extends it).
     group_by: a column of group labels to return with the rows.
-    parsers: the block parsers to use, of :data:`PARSERS`: the fast path where
-      it takes a block, else the careful one. With one of them only, a block
-      the fast path gives up on raises ``RuntimeError``, and ``("careful",)``
-      parses every block the reference way.
+    parsers: the block parsers to try, of :data:`PARSERS`, in that order: the
+      arrow path, then the fast one, where they take a block, else the careful
+      one. Without the careful path, a block the others give up on raises
+      ``RuntimeError``; ``("careful",)`` parses every block the reference way.
+      None: :func:`default_parsers`.
 
   Yields:
     :class:`CsvChunk` per block with at least one row.
@@ -129,13 +138,23 @@ def iter_csv_chunks(path: str | os.PathLike, chunk_rows: int = DEFAULT_CHUNK_ROW
       or a row is malformed; the message names the file, the line and the cell.
     ValueError: ``chunk_rows`` is not a positive integer, or ``parsers`` names
       none or others than :data:`PARSERS`.
+    ImportError: ``parsers`` names the arrow path and pyarrow is not installed.
   """
   if (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, (int, np.integer))
       or chunk_rows < 1):
     raise ValueError(f"chunk_rows must be a positive integer, got {chunk_rows!r}")
+  if parsers is None:
+    parsers = default_parsers()
   if not parsers or not set(parsers) <= set(PARSERS):
     raise ValueError(f"parsers must be some of {PARSERS}, got {parsers!r}")
+  if "arrow" in parsers and _arrow_csv.modules() is None:
+    raise ImportError("the arrow CSV path needs pyarrow: pip install 'cwsa-jax[parquet]'")
   return _read(Path(path), int(chunk_rows), group_by, tuple(parsers))
+
+
+def default_parsers() -> tuple[str, ...]:
+  """All of :data:`PARSERS` where pyarrow is installed, else the fast and careful paths."""
+  return PARSERS if _arrow_csv.modules() is not None else ("fast", "careful")
 
 
 def _read(path: Path, chunk_rows: int, group_by: str | None,
@@ -151,11 +170,13 @@ def _chunks(path: Path, f, chunk_rows: int, group_by: str | None,
             parsers: tuple[str, ...]) -> Iterator[CsvChunk]:
   layout, number = _read_header(path, f, group_by)
   labels = _LabelKind()
+  source = _lines.Lines(f)
+  arrow = _arrow_csv.ArrowReader(layout) if "arrow" in parsers else None
   rows = 0
 
   def more() -> str | None:  # one more line for a quoted field that runs past a block
     nonlocal number
-    line = f.readline()
+    line = source.readline()
     if not line:
       return None
     number += 1
@@ -163,25 +184,32 @@ def _chunks(path: Path, f, chunk_rows: int, group_by: str | None,
     return line.decode("latin-1")
 
   while True:
-    lines = list(itertools.islice(f, chunk_rows))
-    if not lines:
+    block, count = source.take(chunk_rows)
+    if not count:
       break
-    first, number = number + 1, number + len(lines)
-    block = b"".join(lines)
+    first, number = number + 1, number + count
+    lines = None
     if b"\x00" in block:
+      lines = _lines.split_lines(block)
       for i, line in enumerate(lines):
         _check_nul(path, line, first + i)
     chunk = None
-    if "fast" in parsers and b'"' not in block:
+    if arrow is not None:
+      chunk = _arrow_block(path, layout, labels, arrow, block, first)
+    if chunk is None and "fast" in parsers and b'"' not in block:
+      lines = _lines.split_lines(block) if lines is None else lines
       chunk = _fast_block(path, layout, labels, block, lines, first)
     if chunk is None:
       if "careful" not in parsers:
-        raise RuntimeError(f"{path}: lines {first}-{number}: the fast path gave up on the block "
-                           f"and parsers={parsers!r} has no careful path")
+        tried = " and ".join(parsers)
+        raise RuntimeError(f"{path}: lines {first}-{number}: the {tried} path"
+                           f"{'s' if len(parsers) > 1 else ''} gave up on the block and "
+                           f"parsers={parsers!r} has no careful path")
+      lines = _lines.split_lines(block) if lines is None else lines
       text = [line.decode("latin-1") for line in lines]
       records = _records(path, text, first, more, layout.delimiter)
       chunk = _careful_block(path, layout, labels, records)
-    if chunk is not None:
+    if chunk is not None and chunk.confidences.size:
       rows += chunk.confidences.size
       yield chunk._replace(first_line=first, last_line=number)
   if not rows:
@@ -290,6 +318,109 @@ def _layout(path: Path, delimiter: str, fields: list[str], names: list[str],
 
 
 # --------------------------------------------------------------------------
+# Arrow path: pyarrow's CSV parser on a block without quotes
+# --------------------------------------------------------------------------
+
+
+def _arrow_block(path: Path, layout: _Layout, labels: _LabelKind, arrow: _arrow_csv.ArrowReader,
+                 block: bytes, first: int) -> CsvChunk | None:
+  """The block parsed by pyarrow, or None if anything needs the careful path.
+
+  Blocks with a quote, a bare CR or a leading byte-order mark are left to the other paths:
+  pyarrow would read them differently from the csv module.
+  """
+  if (b'"' in block or block.startswith(_BOM)
+      or (b"\r" in block and block.count(b"\r") != block.count(b"\r\n"))
+      or (layout.group is not None and layout.group in layout.columns.values())):
+    return None
+  start = _CONTENT.search(block)
+  if start is None:  # only line ends: no rows
+    return CsvChunk(np.empty(0), np.empty(0, bool), None, None, None, first, first)
+  kinds = [labels.kind] if labels.kind is not None else ["int", "name"]
+  if "y_true" not in layout.columns:
+    kinds = [None]
+  for kind in kinds:
+    table = arrow.read(block, kind)
+    if table is not None:
+      break
+  else:
+    return None
+  columns = {name: table.column(arrow.names[i]) for name, i in layout.columns.items()}
+  if any(column.null_count for column in columns.values()):
+    return None
+  conf = columns["confidence"].to_numpy()
+  if not (np.all(conf >= -CONFIDENCE_SLACK) and np.all(conf <= 1.0 + CONFIDENCE_SLACK)):
+    return None  # NaN fails both comparisons
+  conf = np.clip(conf, 0.0, 1.0)
+  y_true = y_pred = groups = None
+  if kind is None:
+    cells, ((codes, _),) = _distinct_cells([columns["correct"]])
+    truth = [cell.lower() for cell in cells]
+    if not all(v in _TRUE or v in _FALSE for v in truth):
+      return None
+    correct = np.array([v in _TRUE for v in truth], dtype=bool)[codes]
+  elif kind == "int":
+    y_true, y_pred = columns["y_true"].to_numpy(), columns["y_pred"].to_numpy()
+    for values in (y_true, y_pred):
+      if not (np.all(np.abs(values) <= _MAX_EXACT_LABEL) and np.all(values == np.round(values))):
+        return None
+    y_true, y_pred = y_true.astype(np.int64), y_pred.astype(np.int64)
+    correct = y_true == y_pred
+  else:
+    cells, ((true_codes, true_used), (pred_codes, pred_used)) = _distinct_cells(
+        [columns["y_true"], columns["y_pred"]])
+    if not all(cells) or any(_is_number(cell) for cell in cells):
+      return None
+    names = _utf8(np.array(cells, dtype=str))[0]
+    if names is None:
+      return None
+    names = names.tolist()
+    y_true, y_pred = _pick(names, true_codes, true_used), _pick(names, pred_codes, pred_used)
+    correct = true_codes == pred_codes
+  if layout.group is not None:
+    cells, ((codes, used),) = _distinct_cells([table.column(arrow.names[layout.group])])
+    if not all(cells):
+      return None
+    groups = _pick([_text(cell) for cell in cells], codes, used)
+  if kind is not None and labels.kind is None:
+    line_start = start.start()
+    line_end = block.find(b"\n", line_start)
+    line = block[line_start:] if line_end < 0 else block[line_start:line_end]
+    labels.settle(kind, first + block.count(b"\n", 0, line_start), _cell(layout, line, "y_true"))
+  return CsvChunk(conf, correct, y_true, y_pred, groups, first, first)
+
+
+def _distinct_cells(columns) -> tuple[list[str], list[tuple[np.ndarray, set[int]]]]:
+  """The distinct stripped cells (Latin-1-decoded) of dictionary-encoded pyarrow columns, and
+  per column its codes into them (equal codes: equal stripped cells) and the codes it uses."""
+  index: dict[str, int] = {}
+  out = []
+  for column in columns:
+    parts, used = [np.empty(0, np.int64)], set()
+    for chunk in column.chunks:  # pyarrow's dictionary of a chunk holds the values it has
+      lut = [index.setdefault(raw.decode("latin-1").strip(_SPACE), len(index))
+             for raw in chunk.dictionary.to_pylist()]
+      used.update(lut)
+      parts.append(np.array(lut, dtype=np.int64)[chunk.indices.to_numpy()] if lut
+                   else np.empty(0, np.int64))
+    out.append((np.concatenate(parts), used))
+  return list(index), out
+
+
+def _pick(texts: list[str], codes: np.ndarray, used: set[int]) -> np.ndarray:
+  """``texts[codes]`` as a str array as wide as the longest text used (as ``np.array`` of the
+  cells would be)."""
+  width = max((len(texts[k]) for k in used), default=1)
+  return np.array(texts, dtype=f"U{max(width, 1)}")[codes]
+
+
+def _cell(layout: _Layout, line: bytes, name: str) -> str:
+  """A column's cell (stripped) of an unquoted line, as the careful path reads it."""
+  fields = line.rstrip(b"\r\n").decode("latin-1").split(layout.delimiter)
+  return fields[layout.columns[name]].strip(_SPACE)
+
+
+# --------------------------------------------------------------------------
 # Fast path: numpy.loadtxt on a block without quotes
 # --------------------------------------------------------------------------
 
@@ -331,7 +462,6 @@ def _fast_block(path: Path, layout: _Layout, labels: _LabelKind, block: bytes,
         return None
     y_true, y_pred = y_true.astype(np.int64), y_pred.astype(np.int64)
     correct = y_true == y_pred
-    first_label = str(y_true[0])
   else:
     y_true, y_pred = _fast_text(table["y_true"]), _fast_text(table["y_pred"])
     if y_true is None or y_pred is None:
@@ -339,7 +469,6 @@ def _fast_block(path: Path, layout: _Layout, labels: _LabelKind, block: bytes,
     if any(_is_number(v) for v in np.unique(np.concatenate([y_true, y_pred])).tolist()):
       return None
     correct = y_true == y_pred
-    first_label = str(y_true[0])
     y_true, y_pred = _class_names(path, y_true, y_pred, first + present)
   if layout.group is not None:
     groups = _fast_text(table["group"])
@@ -347,7 +476,8 @@ def _fast_block(path: Path, layout: _Layout, labels: _LabelKind, block: bytes,
       return None
     groups = _display(groups)
   if kind is not None:
-    labels.settle(kind, first + int(present[0]), first_label)
+    row = int(present[0])
+    labels.settle(kind, first + row, _cell(layout, lines[row], "y_true"))
   return CsvChunk(conf, correct, y_true, y_pred, groups, first, first)
 
 
