@@ -453,6 +453,18 @@ def wide_to_float(w: Wide) -> jax.Array:
   return _round_to_float([lo, hi & _CARRY_MASK, hi >> _CARRY_BITS, top], 0)
 
 
+def wide_times_4096(w: Wide) -> Wide:
+  """The canonical ``(top, hi, lo)`` of ``4096 w``: every limb moved up one base-4096 place
+  (``w`` below 2^67, i.e. ``top < 2^19``: a count column of a state within capacity).
+
+  A count written where a column of 4096 units per sample is expected (e.g. the number of
+  correct samples as the first base-4096 digit of the summed correctness).
+  """
+  top, hi, lo = w
+  return ((top << _CARRY_BITS) | (hi >> _CARRY_BITS), ((hi & _CARRY_MASK) << _CARRY_BITS) | lo,
+          jnp.zeros_like(lo))
+
+
 def wide_terms(sign: int, w: Wide, place: int) -> list:
   """:func:`exact_float` terms of ``sign * w * 4096^place`` for canonical ``(top, hi, lo)``."""
   top, hi, lo = w

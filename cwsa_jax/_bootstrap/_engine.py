@@ -52,10 +52,10 @@ RESAMPLING = ("multinomial", "poisson")
 # digit sums exact int32 (a multiplicity may be as large as n). Poisson: multiplicities are at
 # most 12 and every block's sum is split into (hi, lo) before the prefix sums, whose lo parts
 # (below 4096 per block of 1024 samples) stay below 2^31 for n <= 2^29. A streamed bootstrap
-# sums each range apart, so only its resample sizes limit it: counted in int32 by the area
-# scan, they exceed 2n < 2^31 with probability below e^-(0.38 n).
+# sums each range (fewer than 2^29 rows) apart into wide exact sums and counts
+# (``_streamed``, ``_area_scan._WideAreaCarry``): 2^53 samples in all, as the mergeable states.
 MAX_EVALUATION_N = {"multinomial": 1 << 25, "poisson": 1 << 29}
-_MAX_STREAMED_N = 1 << 30
+_MAX_STREAMED_N = 1 << 53
 
 
 class EvaluationMetrics(NamedTuple):

@@ -395,7 +395,8 @@ def streamed_intervals(paths: list[Path], result: Scan, settings: Settings, chun
     take = np.zeros(_NUM_BINS, bool)
     take[bins] = True
     expected = int(histogram.counts[bins].sum())
-    c, ok, rows = (np.empty(expected, dt) for dt in (np.float32, bool, np.uint32))
+    # int64 row numbers: past 2^32 rows they stay exact (the resamples' draws depend on them).
+    c, ok, rows = (np.empty(expected, dt) for dt in (np.float32, bool, np.int64))
     filled = offset = 0
     name = _pass_name(first_pass + index, None, f"bootstrap rows {index + 1}/{len(passes)}")
     with progress_bar(result.n, name, enabled=show, unit="row") as bar:
