@@ -7,6 +7,7 @@ Confidence is the maximum softmax probability and ``correct`` is
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import jax
@@ -96,6 +97,12 @@ def confidences_from_logits(logits, labels) -> Predictions:
     ``vmap``, a sample with a NaN/inf logit or an invalid label gets a NaN
     confidence. The confidence is differentiable in the logits (exact).
 
+  Warns:
+    UserWarning: on concrete logits whose every row lies in [0, 1] and sums to
+    1 (within 1e-4) with K > 1: far more likely probabilities than logits
+    (their softmax would squash every confidence towards 1/K); pass them to
+    :func:`confidences_from_probs` (``probs=`` in the metrics' ``update``) instead.
+
   Examples:
     >>> import jax.numpy as jnp
     >>> from cwsa_jax import confidences_from_logits
@@ -105,9 +112,23 @@ def confidences_from_logits(logits, labels) -> Predictions:
   """
   logits, labels, label_flag = _check_scores(logits, labels, "logits")
   finite_flag = _validation.check_finite_in_unit_interval(logits, "logits", unit=False)
+  if finite_flag is None and _look_like_probabilities(logits):
+    warnings.warn("logits: every row lies in [0, 1] and sums to 1, so these look like "
+                  "probabilities; pass them as probs= (confidences_from_probs) instead",
+                  UserWarning, stacklevel=2)
   flag = _validation.either(finite_flag, label_flag)
   result = _from_logits(logits, labels)
   return result._replace(confidences=_validation.poison(result.confidences, rows=flag))
+
+
+def _look_like_probabilities(logits: jax.Array) -> bool:
+  """Whether every row of concrete logits [..., K] (K > 1) lies in [0, 1] and sums to 1."""
+  if logits.shape[-1] < 2 or logits.size == 0:
+    return False
+  with jax.ensure_compile_time_eval():
+    unit = jnp.all((logits >= 0) & (logits <= 1))
+    sums = jnp.all(jnp.abs(jnp.sum(logits, axis=-1) - 1) <= 1e-4)
+    return bool(unit & sums)
 
 
 @jax.jit

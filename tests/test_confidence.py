@@ -60,3 +60,18 @@ def test_from_probs_and_batched():
 def test_bad_input(call, message):
   with pytest.raises(ValueError, match=message):
     call()
+
+
+def test_logits_that_look_like_probabilities_warn():
+  """Concrete logits whose every row lies in [0, 1] and sums to 1 are far more likely
+  probabilities: a warning names probs=; real logits, one class and traced logits do not warn."""
+  import warnings
+  probs = np.array([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1]], np.float32)
+  labels = np.array([0, 1])
+  with pytest.warns(UserWarning, match="probs="):
+    confidences_from_logits(probs, labels)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    confidences_from_logits(np.log(probs) * 3.0, labels)  # real logits
+    confidences_from_logits(np.ones((2, 1), np.float32), np.array([0, 0]))  # K = 1
+    jax.jit(confidences_from_logits)(probs, labels)  # traced: no values to look at
