@@ -11,7 +11,6 @@
 Two sample shapes only ([64] and [4, 16]) and the kept subset [KEPT]: few compilations.
 """
 
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -245,20 +244,6 @@ def test_clu_collection_compute_values_and_write_values():
   assert float(metrics.compute()["cwsa"]) == float(want["cwsa"])
   jitted = jax.jit(lambda m: {name: v.value for name, v in m.compute_values().items()})(metrics)
   assert {name: float(v) for name, v in jitted.items()} == {name: float(v) for name, v in want.items()}
-
-
-def test_clu_write_values_takes_the_values():
-  # clu.metric_writers imports tensorflow (its SummaryWriter): skipped where it is not installed.
-  metric_writers = pytest.importorskip("clu.metric_writers")
-  from clu import metrics as clu_metrics
-  logits, labels, _, _, _ = data(7)
-  Metrics = clu_metrics.Collection.create(cwsa=SweepState.at(0.5), ece=STATES["calibration"],
-                                          aurc=STATES["risk_coverage"])
-  values = Metrics.single_from_model_output(logits=logits, labels=labels).compute_values()
-  writer = mock.create_autospec(metric_writers.MetricWriter, instance=True)
-  metric_writers.write_values(writer, 3, values)
-  writer.write_scalars.assert_called_once()
-  assert sorted(writer.write_scalars.call_args.args[1]) == ["aurc", "cwsa", "ece"]
 
 
 def test_compute_value_of_arrays_says_what_to_use():
