@@ -11,7 +11,6 @@
 Two sample shapes only ([64] and [4, 16]) and the kept subset [KEPT]: few compilations.
 """
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
