@@ -360,11 +360,10 @@ def _arrow_block(path: Path, layout: _Layout, labels: _LabelKind, arrow: _arrow_
       return None
     correct = np.array([v in _TRUE for v in truth], dtype=bool)[codes]
   elif kind == "int":
-    y_true, y_pred = columns["y_true"].to_numpy(), columns["y_pred"].to_numpy()
-    for values in (y_true, y_pred):
-      if not (np.all(np.abs(values) <= _MAX_EXACT_LABEL) and np.all(values == np.round(values))):
-        return None
-    y_true, y_pred = y_true.astype(np.int64), y_pred.astype(np.int64)
+    ints = _integer_labels(columns["y_true"].to_numpy(), columns["y_pred"].to_numpy())
+    if ints is None:
+      return None
+    y_true, y_pred = ints
     correct = y_true == y_pred
   else:
     cells, ((true_codes, true_used), (pred_codes, pred_used)) = _distinct_cells(
@@ -456,11 +455,10 @@ def _fast_block(path: Path, layout: _Layout, labels: _LabelKind, block: bytes,
     if correct is None:
       return None
   elif kind == "int":
-    y_true, y_pred = table["y_true"], table["y_pred"]
-    for values in (y_true, y_pred):
-      if not (np.all(np.abs(values) <= _MAX_EXACT_LABEL) and np.all(values == np.round(values))):
-        return None
-    y_true, y_pred = y_true.astype(np.int64), y_pred.astype(np.int64)
+    ints = _integer_labels(table["y_true"], table["y_pred"])
+    if ints is None:
+      return None
+    y_true, y_pred = ints
     correct = y_true == y_pred
   else:
     y_true, y_pred = _fast_text(table["y_true"]), _fast_text(table["y_pred"])
@@ -479,6 +477,16 @@ def _fast_block(path: Path, layout: _Layout, labels: _LabelKind, block: bytes,
     row = int(present[0])
     labels.settle(kind, first + row, _cell(layout, lines[row], "y_true"))
   return CsvChunk(conf, correct, y_true, y_pred, groups, first, first)
+
+
+def _integer_labels(y_true: np.ndarray, y_pred: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray] | None:
+  """float64 label columns as int64, or None where a value is not a whole number that float64
+  holds exactly (the block then takes the careful path, which names it)."""
+  for values in (y_true, y_pred):
+    if not (np.all(np.abs(values) <= _MAX_EXACT_LABEL) and np.all(values == np.round(values))):
+      return None
+  return y_true.astype(np.int64), y_pred.astype(np.int64)
 
 
 def _present_lines(layout: _Layout, block: bytes, lines: list[bytes]) -> np.ndarray | None:
