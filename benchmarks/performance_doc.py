@@ -272,6 +272,28 @@ then warn about that entry and compile its program again (results unchanged); de
 clears it.
 """
 
+TEXT["peers"] = """\
+### Beside scikit-learn, relplot and torch
+
+`python benchmarks/bench_peers.py --out results/benchmarks/peers.json` times the kit's ranking and
+calibration metrics beside what a user would otherwise call: `auroc` and `average_precision` against
+scikit-learn ({sklearn}), `fpr_at_tpr` against `sklearn.metrics.roc_curve` and against one NumPy sort
+of packed keys, `smooth_ece` against relplot ({relplot}: `smECE`, with its own bandwidth search, and
+`smECE_sigma` at the bandwidth that search chose), `classwise_ece` against a vectorized NumPy
+implementation, and torchmetrics where it is installed (torch {torch}, torchmetrics {torchmetrics}).
+Each peer is first checked against the kit: an absolute difference of at most {rank_tol} for the
+ranking metrics and the classwise ECE, {smece_tol} for relplot, whose search stops after ten halvings
+of the bandwidth where the kit's runs to the fixed point. Then the kit's public function (eager, its
+input checks included) and its peers are timed in interleaved rounds ({repeats} at least), minimum
+milliseconds per call; the kit's first call at each shape, compilation included, is timed apart.
+Ratio = kit / peer: below one the kit is faster. Data, as the record names it: {data}.
+
+{source}
+
+{table}
+{notes}
+"""
+
 TEXT["gpu"] = """\
 ## On a GPU
 
@@ -971,6 +993,55 @@ def speed_sections(R: Records) -> list[str]:
   return out
 
 
+def peers_sections(R: Records) -> list[str]:
+  """The kit beside scikit-learn, relplot and torch (``peers.json``); nothing when there is no record."""
+  if "peers.json" not in R.data:
+    return []
+  pr = R.get("peers.json", "Beside scikit-learn, relplot and torch")
+  settings = get(pr, "settings", default={})
+  versions = get(pr, "peers", default={})
+  rows, skipped, problems = [], {}, []
+  for r in get(pr, "rows", default=[]):
+    if not isinstance(r, dict):
+      continue
+    options = ", ".join(f"{k}={plain(v)}" for k, v in (r.get("options") or {}).items())
+    metric = code(f"{r.get('metric')}({options})" if options else r.get("metric"))
+    if r.get("error"):
+      problems.append(f"{metric}, `{r.get('data')}`, n = {size(r.get('n'))}: {r['error']}")
+      continue
+    kit = r.get("kit") or {}
+    for name, p in (r.get("peers") or {}).items():
+      if p.get("skipped"):
+        skipped.setdefault((name, p["skipped"]), []).append(f"{size(r.get('n'))} (`{r.get('data')}`)")
+        peer_ms = "skipped"
+      elif p.get("error"):
+        problems.append(f"{code(name)} beside {metric}, n = {size(r.get('n'))}: {p['error']}")
+        peer_ms = "error"
+      else:
+        peer_ms = ms(p.get("min_s"))
+      diff = p.get("abs_diff")
+      diff_text = DASH if diff is None else "0" if diff == 0 else sci(diff)
+      if p.get("ok") is False:
+        diff_text += f" (over {plain(p.get('tol'))})"
+      rows.append([metric, code(r.get("data")), size(r.get("n")), code(name), ms(kit.get("min_s")),
+                   peer_ms, ratio(p.get("ratio_kit_over_peer")), diff_text,
+                   fmt(kit.get("first_call_s"))])
+  notes = [f"- {code(name)} skipped at n = {', '.join(where)}: {why}."
+           for (name, why), where in skipped.items()]
+  notes += [f"- Not timed: {p}." for p in problems]
+  data = "; ".join(f"{code(k)}: {v}" for k, v in (settings.get("data") or {}).items()) or DASH
+  tolerances = settings.get("tolerances") or {}
+  return [TEXT["peers"].format(
+      sklearn=versions.get("scikit-learn", DASH), relplot=versions.get("relplot", DASH),
+      torch=versions.get("torch", DASH), torchmetrics=versions.get("torchmetrics", DASH),
+      rank_tol=plain(tolerances.get("ranking_and_classwise_ece")),
+      smece_tol=plain(tolerances.get("smooth_ece_vs_relplot")), repeats=plain(settings.get("repeats")),
+      data=data, source=source("peers.json", pr),
+      table=table(["metric", "data", "n", "peer", "kit ms", "peer ms", "kit / peer", "abs difference",
+                   "kit first call s"], rows),
+      notes="\n".join(notes))]
+
+
 # --------------------------------------------------------------------------- GPU
 
 
@@ -1279,8 +1350,8 @@ def index_section(R: Records) -> str:
 
 def render(results: pathlib.Path = RESULTS) -> str:
   R = Records(results)
-  parts = [TEXT["header"], TEXT["suite"], *speed_sections(R), *gpu_sections(R), *other_sections(R),
-           index_section(R)]
+  parts = [TEXT["header"], TEXT["suite"], *speed_sections(R), *peers_sections(R), *gpu_sections(R),
+           *other_sections(R), index_section(R)]
   text = "\n".join(p.strip("\n") + "\n" for p in parts)
   while "\n\n\n" in text:
     text = text.replace("\n\n\n", "\n\n")

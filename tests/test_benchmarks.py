@@ -231,6 +231,7 @@ SMOKE_RUNS = {
     "bench_process_merge.py": ["--n", "20000"],
     "bench_numpy_sort.py": ["--sizes", "3000", "--repeats", "1"],
     "gpu_choices.py": ["--quick", "--repeats", "1"],
+    "bench_peers.py": ["--quick", "--sizes", "1000", "--repeats", "1"],
 }
 
 

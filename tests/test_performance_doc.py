@@ -86,3 +86,42 @@ def test_templates_hold_no_numbers():
       text = text.replace(allowed, "")
     digits = re.findall(r"\S*\d\S*", text)
     assert not digits, f"TEXT[{name!r}] holds numbers {digits}: read them from a record instead"
+
+
+def test_peers_record_adds_its_section_only_when_present(tmp_path):
+  """results/benchmarks/peers.json (benchmarks/bench_peers.py) shows as a table of kit / peer rows;
+  without it the page has no such section."""
+  module = _module()
+  results = tmp_path / "results"
+  shutil.copytree(RESULTS, results)
+  (results / "peers.json").unlink(missing_ok=True)
+  heading = "### Beside scikit-learn, relplot and torch"
+  assert heading not in module.render(results)
+
+  record = {
+      "benchmark": "peers", "device": "cpu:cpu", "cpu_count": 2, "jax": "0.0.0",
+      "peers": {"scikit-learn": "9.9.9", "relplot": "1.0.3", "torch": "not installed",
+                "torchmetrics": "not installed"},
+      "settings": {"repeats": 5, "tolerances": {"ranking_and_classwise_ece": 1e-6,
+                                                "smooth_ece_vs_relplot": 1e-3},
+                   "data": {"distinct": "uniform"}},
+      "rows": [
+          {"metric": "auroc", "options": {}, "data": "distinct", "n": 10000,
+           "kit": {"value": 0.7, "first_call_s": 1.5, "min_s": 0.002},
+           "peers": {"sklearn.roc_auc_score": {"value": 0.7, "abs_diff": 3.2e-8, "ok": True,
+                                               "tol": 1e-6, "min_s": 0.008,
+                                               "ratio_kit_over_peer": 0.25}}},
+          {"metric": "smooth_ece", "options": {"bandwidth": "auto"}, "data": "distinct",
+           "n": 10000000, "kit": {"value": 0.01, "first_call_s": 2.0, "min_s": 0.5},
+           "peers": {"relplot.smECE": {"skipped": "too slow"}}},
+      ],
+  }
+  (results / "peers.json").write_text(json.dumps(record), encoding="utf-8")
+  page = module.render(results)
+  assert heading in page
+  assert ("| `auroc` | `distinct` | 1e4 | `sklearn.roc_auc_score` | 2.00 | 8.00 | 0.25 | 3.2e-8 | 1.50 |"
+          in page)
+  assert "| `smooth_ece(bandwidth=auto)` | `distinct` | 1e7 | `relplot.smECE` | 500 | skipped |" in page
+  assert "`relplot.smECE` skipped at n = 1e7 (`distinct`): too slow." in page
+  assert "scikit-learn (9.9.9)" in page
+  assert "| `peers.json` | `peers` | `cpu:cpu` | Beside scikit-learn, relplot and torch |" in page
