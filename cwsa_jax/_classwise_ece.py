@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from cwsa_jax import _calibration
+from cwsa_jax import _confidence
 from cwsa_jax import _public
 from cwsa_jax import _validation
 
@@ -69,20 +70,13 @@ def classwise_ece(probs: Any, labels: Any, *, num_bins: int = 15, norm: str = "l
     NeurIPS 2019; Ananya Kumar, Percy Liang and Tengyu Ma, "Verified
     uncertainty calibration", NeurIPS 2019.
   """
-  p = _validation.as_float_array(probs, "probs")
-  if p.ndim < 2:
-    raise ValueError(f"probs must have shape [..., n, K], got {p.shape}")
-  num_classes = p.shape[-1]
-  if num_classes == 0 or p.shape[-2] == 0:
-    raise ValueError(f"probs must have at least one sample and one class, got shape {p.shape}")
-  y, label_flag = _validation.labels(labels, num_classes)
-  if y.shape != p.shape[:-1]:
-    raise ValueError(f"labels must have shape probs.shape[:-1] = {p.shape[:-1]}, got {y.shape}")
+  p, y, label_flag = _confidence.check_scores(probs, labels, "probs")
   # Checked here so that an error names probs; ECE checks them again (cheaply) as confidences.
   prob_flag = _validation.check_finite_in_unit_interval(p, "probs", reduce_axes=2)
   if label_flag is not None:
     label_flag = jnp.any(label_flag, axis=-1)
   # One ECE batch row per class: [K, ..., n].
+  num_classes = p.shape[-1]
   confidences = jnp.moveaxis(p, -1, 0)
   classes = jnp.arange(num_classes, dtype=y.dtype).reshape((num_classes,) + (1,) * y.ndim)
   errors = _calibration._ece(confidences, y == classes, num_bins=num_bins, norm=norm,

@@ -23,8 +23,10 @@ class Predictions(NamedTuple):
   correct: jax.Array
 
 
-def _check_scores(scores, labels, name):
-  """(float scores [..., n, K], int32 labels [..., n], per-sample label flag or None)."""
+def check_scores(scores, labels, name):
+  """(float scores [..., n, K], int32 labels [..., n], per-sample label flag or None): the
+  shape and label checks of every [..., n, K] input with labels (here and
+  :func:`~cwsa_jax.classwise_ece`)."""
   scores = _validation.as_float_array(scores, name)
   if scores.ndim < 2:
     raise ValueError(f"{name} must have shape [..., n, num_classes], got {scores.shape}")
@@ -67,7 +69,7 @@ def confidences_from_probs(probs, labels) -> Predictions:
     >>> print([round(float(x), 4) for x in c], ok.tolist())
     [0.7, 0.4] [True, False]
   """
-  probs, labels, label_flag = _check_scores(probs, labels, "probs")
+  probs, labels, label_flag = check_scores(probs, labels, "probs")
   flag = _validation.either(check_probabilities(probs), label_flag)
   result = _from_probs(probs, labels)
   return result._replace(confidences=_validation.poison(result.confidences, rows=flag))
@@ -110,7 +112,7 @@ def confidences_from_logits(logits, labels) -> Predictions:
     >>> print([round(float(x), 4) for x in c], ok.tolist())
     [0.8808, 1.0] [True, False]
   """
-  logits, labels, label_flag = _check_scores(logits, labels, "logits")
+  logits, labels, label_flag = check_scores(logits, labels, "logits")
   finite_flag = _validation.check_finite_in_unit_interval(logits, "logits", unit=False)
   if finite_flag is None and _look_like_probabilities(logits):
     warnings.warn("logits: every row lies in [0, 1] and sums to 1, so these look like "

@@ -48,8 +48,8 @@ from cwsa_jax import _mesh
 from cwsa_jax._kernels import _sort
 
 _DIGIT_BASE = 256.0
-_CARRY_BITS = 12
-_CARRY_MASK = (1 << _CARRY_BITS) - 1
+CARRY_BITS = 12  # bits of a limb (base 4096); the bootstrap's wide area carry splits counts by it
+_CARRY_MASK = (1 << CARRY_BITS) - 1
 # The default chunk (``_dispatch.CHUNK_SIZE``, 2^18 samples). Chunks are balanced and a
 # multiple of CHUNK_ALIGN long: on CPU, loops over odd-sized slices run several times slower.
 CHUNK_SIZE = _dispatch.CHUNK_SIZE
@@ -94,7 +94,7 @@ def grid_columns(u: jax.Array) -> list[jax.Array]:
 
 def unit_columns(units: jax.Array) -> list[jax.Array]:
   """:func:`grid_columns` of ``u = units 2^-24``, ``units`` int32 in [0, 2^24]."""
-  return [units >> _CARRY_BITS, units & _CARRY_MASK]
+  return [units >> CARRY_BITS, units & _CARRY_MASK]
 
 
 def wide_digits(x: jax.Array, num_digits: int) -> list[jax.Array]:
@@ -117,11 +117,11 @@ def wide_digits(x: jax.Array, num_digits: int) -> list[jax.Array]:
 
 def split(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   """``(hi, lo)`` of non-negative int32 ``x``: ``x = hi * 4096 + lo``, ``0 <= lo < 4096``."""
-  return x >> _CARRY_BITS, x & _CARRY_MASK
+  return x >> CARRY_BITS, x & _CARRY_MASK
 
 
 def _normalize(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
-  return hi + (lo >> _CARRY_BITS), lo & _CARRY_MASK
+  return hi + (lo >> CARRY_BITS), lo & _CARRY_MASK
 
 
 def _column_sums(cols: jax.Array, ids: jax.Array, num_segments: int) -> jax.Array:
@@ -384,14 +384,14 @@ def widen(hi: jax.Array, lo: jax.Array) -> Wide:
 def wide_add(a: Wide, b: Wide) -> Wide:
   """Exact sum of two canonical ``(top, hi, lo)`` (tops up to TOP_CAPACITY: no int32 wrap)."""
   lo = a[2] + b[2]
-  hi = a[1] + b[1] + (lo >> _CARRY_BITS)
+  hi = a[1] + b[1] + (lo >> CARRY_BITS)
   return a[0] + b[0] + (hi >> _HI_BITS), hi & _HI_MASK, lo & _CARRY_MASK
 
 
 def wide_sub(a: Wide, b: Wide) -> Wide:
   """Exact ``a - b`` of canonical ``(top, hi, lo)`` with ``a >= b`` (floor carries)."""
   lo = a[2] - b[2]
-  hi = a[1] - b[1] + (lo >> _CARRY_BITS)
+  hi = a[1] - b[1] + (lo >> CARRY_BITS)
   return a[0] - b[0] + (hi >> _HI_BITS), hi & _HI_MASK, lo & _CARRY_MASK
 
 
@@ -403,16 +403,16 @@ def wide_reduce(w: Wide, total: Callable[[jax.Array], jax.Array]) -> Wide:
   out over capacity.
   """
   top, hi, lo = w
-  lo, h0, h1 = total(lo), total(hi & _CARRY_MASK), total(hi >> _CARRY_BITS)
+  lo, h0, h1 = total(lo), total(hi & _CARRY_MASK), total(hi >> CARRY_BITS)
   t0, t1 = total(top & 0xFFFF), total(top >> 16)
   over = total((top < 0).astype(jnp.int32)) > 0
-  h0 = h0 + (lo >> _CARRY_BITS)
-  h1 = h1 + (h0 >> _CARRY_BITS)
-  t0 = t0 + (h1 >> _CARRY_BITS)
+  h0 = h0 + (lo >> CARRY_BITS)
+  h1 = h1 + (h0 >> CARRY_BITS)
+  t0 = t0 + (h1 >> CARRY_BITS)
   t1 = t1 + (t0 >> 16)
   over = over | (t1 >= 1 << 15)
   top = jnp.where(over, OVER_CAPACITY, (t1 << 16) | (t0 & 0xFFFF))
-  return top, ((h1 & _CARRY_MASK) << _CARRY_BITS) | (h0 & _CARRY_MASK), lo & _CARRY_MASK
+  return top, ((h1 & _CARRY_MASK) << CARRY_BITS) | (h0 & _CARRY_MASK), lo & _CARRY_MASK
 
 
 def seal(w: Wide, axes: int = 2) -> Wide:
@@ -439,18 +439,18 @@ def wide_suffix_sums(w: Wide) -> Wide:
   within capacity: its tops add up to at most TOP_CAPACITY)."""
   top, hi, lo = w
   rev = lambda x: jnp.flip(_sort.cumsum(jnp.flip(x, 0)), 0)  # noqa: E731
-  lo, h0, h1, top = rev(lo), rev(hi & _CARRY_MASK), rev(hi >> _CARRY_BITS), rev(top)
-  h0 = h0 + (lo >> _CARRY_BITS)
-  h1 = h1 + (h0 >> _CARRY_BITS)
-  top = top + (h1 >> _CARRY_BITS)
-  return top, ((h1 & _CARRY_MASK) << _CARRY_BITS) | (h0 & _CARRY_MASK), lo & _CARRY_MASK
+  lo, h0, h1, top = rev(lo), rev(hi & _CARRY_MASK), rev(hi >> CARRY_BITS), rev(top)
+  h0 = h0 + (lo >> CARRY_BITS)
+  h1 = h1 + (h0 >> CARRY_BITS)
+  top = top + (h1 >> CARRY_BITS)
+  return top, ((h1 & _CARRY_MASK) << CARRY_BITS) | (h0 & _CARRY_MASK), lo & _CARRY_MASK
 
 
 def wide_to_float(w: Wide) -> jax.Array:
   """float32 of canonical ``(top, hi, lo)``, correctly rounded (equal to :func:`to_float` of
   the same integer as a pair)."""
   top, hi, lo = w
-  return _round_to_float([lo, hi & _CARRY_MASK, hi >> _CARRY_BITS, top], 0)
+  return _round_to_float([lo, hi & _CARRY_MASK, hi >> CARRY_BITS, top], 0)
 
 
 def wide_times_4096(w: Wide) -> Wide:
@@ -461,7 +461,7 @@ def wide_times_4096(w: Wide) -> Wide:
   correct samples as the first base-4096 digit of the summed correctness).
   """
   top, hi, lo = w
-  return ((top << _CARRY_BITS) | (hi >> _CARRY_BITS), ((hi & _CARRY_MASK) << _CARRY_BITS) | lo,
+  return ((top << CARRY_BITS) | (hi >> CARRY_BITS), ((hi & _CARRY_MASK) << CARRY_BITS) | lo,
           jnp.zeros_like(lo))
 
 
@@ -488,13 +488,13 @@ def to_float(hi: jax.Array, lo: jax.Array) -> jax.Array:
   # hi 4096 + lo = a 2^24 + c with a = hi >> 12 and c = (hi & 4095) 4096 + lo below 2^24: two
   # floats held exactly, so their sum is rounded once.
   hi, lo = _normalize(hi, lo)
-  c = ((hi & _CARRY_MASK) << _CARRY_BITS) | lo
-  return (hi >> _CARRY_BITS).astype(jnp.float32) * float(1 << 24) + c.astype(jnp.float32)
+  c = ((hi & _CARRY_MASK) << CARRY_BITS) | lo
+  return (hi >> CARRY_BITS).astype(jnp.float32) * float(1 << 24) + c.astype(jnp.float32)
 
 
 def to_int(hi: jax.Array, lo: jax.Array) -> jax.Array:
   """int32 value of the exact integer ``hi * 4096 + lo`` (a count: it must stay below 2^31)."""
-  return (hi << _CARRY_BITS) + lo
+  return (hi << CARRY_BITS) + lo
 
 
 def exact_float(terms: Sequence[tuple[int, jax.Array, jax.Array, int]]) -> jax.Array:
@@ -531,7 +531,7 @@ def exact_float(terms: Sequence[tuple[int, jax.Array, jax.Array, int]]) -> jax.A
     for limb in limbs[:-1]:
       limb = limb + carry
       out.append(limb & _CARRY_MASK)
-      carry = limb >> _CARRY_BITS  # arithmetic shift: floor division, also for negatives
+      carry = limb >> CARRY_BITS  # arithmetic shift: floor division, also for negatives
     return out + [limbs[-1] + carry]
 
   limbs = normalize(limbs)
@@ -551,12 +551,12 @@ def _round_to_float(limbs: Sequence[jax.Array], base: int) -> jax.Array:
   float is then the significand times a power of two, both exact.
   """
   last = limbs[-1]
-  limbs = list(limbs[:-1]) + [last & _CARRY_MASK, (last >> _CARRY_BITS) & _CARRY_MASK,
-                              last >> (2 * _CARRY_BITS)]
+  limbs = list(limbs[:-1]) + [last & _CARRY_MASK, (last >> CARRY_BITS) & _CARRY_MASK,
+                              last >> (2 * CARRY_BITS)]
   zero = jnp.zeros_like(limbs[0])
   if len(limbs) % 2:
     limbs.append(zero)
-  words = [zero] + [limbs[j] | (limbs[j + 1] << _CARRY_BITS) for j in range(0, len(limbs), 2)]
+  words = [zero] + [limbs[j] | (limbs[j + 1] << CARRY_BITS) for j in range(0, len(limbs), 2)]
   # The leading word (index >= 1; word 0 is a zero below the lowest) and the word under it.
   lead, under, index = words[1], zero, jnp.ones(zero.shape, jnp.int32)
   sticky = below = jnp.zeros(zero.shape, bool)  # below: some word under words[j - 1] is non-zero
@@ -574,7 +574,7 @@ def _round_to_float(limbs: Sequence[jax.Array], base: int) -> jax.Array:
   half = 1 << (shift - 1)
   up = (rest > half) | ((rest == half) & (sticky | ((significand & 1) == 1)))
   significand = significand + up.astype(jnp.int32)
-  exponent = shift + 24 * (index - 2) + _CARRY_BITS * base
+  exponent = shift + 24 * (index - 2) + CARRY_BITS * base
   scale = jax.lax.bitcast_convert_type((exponent + 127) << 23, jnp.float32)  # 2^exponent
   return significand.astype(jnp.float32) * scale
 

@@ -34,14 +34,20 @@ MAX_DISTINCT = 0x3F800000 - _SMALLEST_NORMAL_BITS
 def dense_ranks(x: np.ndarray) -> np.ndarray:
   """int32 dense ranks of ``x`` [..., n] along its last axis (equal values, -0.0 and 0.0
   included, share a rank)."""
+  return _ranked(x)[0]
+
+
+def _ranked(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """``(ranks, ordered, sorted_ranks)`` from one sort of ``x`` [..., n]: the dense ranks
+  (:func:`dense_ranks`), ``x`` sorted per row and the rank at each sorted position."""
   order = np.argsort(x, axis=-1)
   ordered = np.take_along_axis(x, order, axis=-1)
   new = ordered[..., 1:] != ordered[..., :-1]
-  ranks = np.zeros(x.shape, np.int32)
-  np.cumsum(new, axis=-1, dtype=np.int32, out=ranks[..., 1:])
-  out = np.empty_like(ranks)
-  np.put_along_axis(out, order, ranks, axis=-1)
-  return out
+  sorted_ranks = np.zeros(x.shape, np.int32)
+  np.cumsum(new, axis=-1, dtype=np.int32, out=sorted_ranks[..., 1:])
+  ranks = np.empty_like(sorted_ranks)
+  np.put_along_axis(ranks, order, sorted_ranks, axis=-1)
+  return ranks, ordered, sorted_ranks
 
 
 def _concrete(scores: Any) -> np.ndarray | None:
@@ -82,10 +88,11 @@ def _in_unit_interval(x: jax.Array) -> bool:
   return not (low < 0 or high > 1)
 
 
-def stand_ins(scores: Any) -> tuple[Any, np.ndarray | None]:
+def stand_ins(scores: Any, *, with_values: bool = False) -> tuple[Any, np.ndarray | None]:
   """``(stand-ins, values)``: float32 stand-ins [..., n] in (0, 1) that order and tie like
-  concrete ``scores`` that need them, and ``values`` [..., n], the scores as float32 in
-  increasing order per row (where stand-in ``2^23 + r`` has value ``values[..., r]``);
+  concrete ``scores`` that need them, and with ``with_values`` (the curve, which maps its
+  thresholds back) ``values`` [..., n], the scores as float32 in increasing order per row
+  (where stand-in ``2^23 + r`` has value ``values[..., r]``), else None;
   ``(scores, None)`` for anything else (left for the checks and the kernels)."""
   if (isinstance(scores, jax.Array) and not isinstance(scores, jax.core.Tracer)
       and np.dtype(scores.dtype) not in WIDE and scores.size
@@ -95,24 +102,22 @@ def stand_ins(scores: Any) -> tuple[Any, np.ndarray | None]:
   x = _concrete(scores)
   if x is None or x.dtype.kind == "b" or not needs_stand_ins(x):
     return scores, None
-  ranks = dense_ranks(x)
+  ranks, ordered, sorted_ranks = _ranked(x)
   if ranks.size and int(ranks.max()) >= MAX_DISTINCT:
     raise ValueError(f"scores take at most {MAX_DISTINCT} distinct values per row, got "
                      f"{int(ranks.max()) + 1}")
   bits = ranks + np.int32(_SMALLEST_NORMAL_BITS)
-  return bits.view(np.float32), _values_by_rank(x)
+  values = _values_by_rank(ordered, sorted_ranks) if with_values else None
+  return bits.view(np.float32), values
 
 
-def _values_by_rank(x: np.ndarray) -> np.ndarray:
+def _values_by_rank(ordered: np.ndarray, sorted_ranks: np.ndarray) -> np.ndarray:
   """float32 [..., n]: entry r of a row is its r-th smallest distinct value (the rest repeat
-  the largest)."""
-  ordered = np.sort(x, axis=-1)
-  new = np.concatenate([np.ones(x.shape[:-1] + (1,), bool),
-                        ordered[..., 1:] != ordered[..., :-1]], axis=-1)
-  rank = np.cumsum(new, axis=-1) - 1  # rank of each sorted position
-  out = np.empty(x.shape, np.float32)
+  the largest), from the sorted scores and the rank at each sorted position (:func:`_ranked`).
+  A group holding both -0.0 and 0.0 takes the zero the sort put last (they compare equal)."""
+  out = np.empty(ordered.shape, np.float32)
   out[...] = ordered[..., -1:].astype(np.float32)
-  np.put_along_axis(out, rank, ordered.astype(np.float32), axis=-1)
+  np.put_along_axis(out, sorted_ranks, ordered.astype(np.float32), axis=-1)
   return out
 
 

@@ -233,7 +233,10 @@ def eaurc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Ar
     ``(acc, 0)`` to ``(1, err)`` that no achievable curve undercuts; its area
     is ``0.5 * err^2`` (1 when every sample is wrong).
 
-  The result is clamped at 0 against float32 rounding.
+  It is summed from the integer differences ``E_k - E*_k >= 0`` to the optimal order's
+  errors (for "step" without ties ``(1/n) sum_k (E_k - E*_k) / k``; ``_areas``), every term
+  nonnegative: no two nearly equal areas cancel, so a nearly optimal scoring keeps its
+  small E-AURC to float32 rounding (relative), and an optimal one gives exactly 0.
 
   Args:
     confidences: [..., n] scores: any finite real values (inside ``jit``, in [0, 1]).
@@ -299,7 +302,7 @@ def risk_coverage_curve(confidences: Any, correct: Any) -> RiskCoverageCurve:
     >>> print(m, [round(float(x), 2) for x in curve.coverage[:m]], [round(float(x), 3) for x in curve.risk[:m]])
     3 [0.5, 0.75, 1.0] [0.5, 0.667, 0.5]
   """
-  stand_in, values = _order.stand_ins(confidences)
+  stand_in, values = _order.stand_ins(confidences, with_values=True)
   curve = _curve_entry(stand_in, correct)
   if values is None:
     return curve

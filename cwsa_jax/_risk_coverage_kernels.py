@@ -282,13 +282,23 @@ def _area_terms(s: _Slots, n: int, convention: str):
   return jnp.where(closes, aurc_terms, zero), jnp.where(closes, augrc_terms, zero)
 
 
-def _oracle_terms(s: _Slots, n: int, num_correct: jax.Array, convention: str) -> jax.Array:
-  """Per-slot n AURC of the optimal strict order ("step", "published_code"): E_p = max(p - m, 0)."""
+def _excess_terms(s: _Slots, n: int, num_correct: jax.Array, convention: str) -> jax.Array:
+  """Per-slot n E-AURC ("step", "trapezoid"; every term >= 0, from the integer differences to
+  the oracle, :mod:`cwsa_jax._areas`): the closed group's term at the slot that closes it,
+  and for "step" the oracle's tie term of position k - 1 where it is not its group's last."""
   end = s.k - 1
-  risk = _areas.oracle_risk(end, num_correct)
-  if convention == "published_code":
-    risk = _areas.published_weight(end, n) * risk
-  return jnp.where((end >= 1) & (end <= n), risk, jnp.float32(0.0))
+  width = s.k - s.start  # at the closing slot W; else k - 1 - K' (K' = start - 1)
+  zero = jnp.float32(0.0)
+  closes = _closes(s, n)
+  if convention == "trapezoid":
+    previous_end = s.start - 1
+    point = _areas.trapezoid_excess(width, jnp.maximum(end, 1), s.cum,
+                                    (previous_end > 0, previous_end, s.before), num_correct, n)
+    return jnp.where(closes, point, zero)
+  point = _areas.step_excess(width, jnp.maximum(end, 1), s.cum, num_correct)
+  inside = ~s.new & (s.k >= 2) & (s.k <= n)  # position k - 1 ties with position k
+  return (jnp.where(closes, point, zero)
+          + jnp.where(inside, _areas.tie_excess(width, end, num_correct), zero))
 
 
 def _published_binary(c, correct, *, with_eaurc):
@@ -312,19 +322,19 @@ def _published_binary(c, correct, *, with_eaurc):
     return RiskCoverageSummary(aurc_value, augrc_value, jnp.float32(jnp.nan))
   num_errors = cum[n - 1]
   m = n - num_errors  # number of correct samples
-  oracle = _per_sample(trapezoid(_areas.oracle_errors(positionf, m.astype(jnp.float32)))[0], n)
-  errors_first_m = jnp.where(m > 0, cum[jnp.maximum(m - 1, 0)], 0)
-  return RiskCoverageSummary(aurc_value, augrc_value, _eaurc(
-      aurc_value, n, num_errors, errors_first_m, None, None, "published_code", oracle))
+  # sum_p w_p (E_p - E*_p) / p: nonnegative integer differences to the optimal strict order.
+  position = lax.iota(jnp.int32, n) + 1
+  difference = (cum - _areas.oracle_errors(position, m)).astype(jnp.float32)
+  return RiskCoverageSummary(aurc_value, augrc_value,
+                             _excess(trapezoid(difference)[0], n, num_errors))
 
 
 def _summary_kernel(c, correct, *, convention, sequential, with_eaurc, running_max=True):
   """AURC, AUGRC and (binary correctness, ``with_eaurc``) E-AURC of one row.
 
-  E-AURC is ``max(AURC - oracle, 0)``, and exactly 0 when the order is
-  optimal for the convention (checked on integers: no error among the first
-  m = #correct positions; for "step" every error its own tie group, for
-  "trapezoid" all errors one tie group starting at m + 1).
+  E-AURC is the sum of nonnegative terms from the integer differences
+  ``E_K - E*_K`` to the optimal order (:func:`_excess_terms`): nothing cancels, and
+  it is exactly 0 for an optimal order or one class.
   """
   if convention == "published_code" and correct.dtype == jnp.bool_:
     return _published_binary(c, correct, with_eaurc=with_eaurc)
@@ -336,32 +346,22 @@ def _summary_kernel(c, correct, *, convention, sequential, with_eaurc, running_m
   num_errors = jnp.sum(jnp.logical_not(correct).astype(jnp.int32))
   m = n - num_errors  # number of correct samples
 
-  def reduce(acc, s, i):
-    sums, counts = acc
+  def reduce(sums, s, i):
     aurc_terms, augrc_terms = _area_terms(s, n, convention)
     row = [jnp.sum(aurc_terms), jnp.sum(augrc_terms)]
     if with_eaurc:
-      if convention != "trapezoid":
-        row.append(jnp.sum(_oracle_terms(s, n, m, convention)))
-      real = s.k <= n
-      counts = counts + jnp.stack([
-          jnp.sum(jnp.where(s.k == m + 1, s.cum, 0)),  # E_m: errors among the first m
-          jnp.sum(s.new & real & (s.k > m)),  # tie groups starting after position m
-          jnp.sum(s.new & real & (s.k == m + 1))])  # one starts at m + 1
-    return lax.dynamic_update_index_in_dim(sums, jnp.stack(row), i, 0), counts
+      row.append(jnp.sum(_excess_terms(s, n, m, convention)))
+    return lax.dynamic_update_index_in_dim(sums, jnp.stack(row), i, 0)
 
   num_chunks = length // chunk
-  width = 2 + (with_eaurc and convention != "trapezoid")
-  init = (jnp.zeros((num_chunks, width), jnp.float32), jnp.zeros((3,), jnp.int32))
-  sums, counts = _scan_groups(keys, losses, reduce, init, chunk=chunk,
-                           sequential=sequential, running_max=running_max)
+  init = jnp.zeros((num_chunks, 2 + with_eaurc), jnp.float32)
+  sums = _scan_groups(keys, losses, reduce, init, chunk=chunk,
+                      sequential=sequential, running_max=running_max)
   total = jnp.sum(sums, axis=0)  # pairwise over chunks
   aurc_value, augrc_value = _areas.areas(total[0], total[1], n)
   if not with_eaurc:
     return RiskCoverageSummary(aurc_value, augrc_value, jnp.float32(jnp.nan))
-  oracle = None if convention == "trapezoid" else _per_sample(total[2], n)
-  return RiskCoverageSummary(aurc_value, augrc_value,
-                             _eaurc(aurc_value, n, num_errors, *counts, convention, oracle))
+  return RiskCoverageSummary(aurc_value, augrc_value, _excess(total[2], n, num_errors))
 
 
 def _per_sample(total, n) -> jax.Array:
@@ -370,17 +370,10 @@ def _per_sample(total, n) -> jax.Array:
   return _stats.divide((total, n))[0]
 
 
-def _eaurc(aurc_value, n, num_errors, errors_first_m, starts_after_m, start_at_m1, convention,
-           oracle):
-  """E-AURC ``max(AURC - oracle, 0)``, exactly 0 for one class or an optimal order
-  (:func:`cwsa_jax._areas.optimal_order`). ``oracle`` is the optimal order's AURC, except
-  for "trapezoid", where it is ``(E / n)^2 / 2`` (all correct tied above all errors tied).
-  """
-  m = n - num_errors
-  if convention == "trapezoid":
-    oracle = _areas.trapezoid_oracle(num_errors.astype(jnp.float32), n, halved_first=True)
-  optimal = _areas.optimal_order(convention, n, m, errors_first_m, starts_after_m, start_at_m1)
-  return _areas.eaurc(aurc_value, oracle, _areas.one_class(num_errors, n) | optimal)
+def _excess(total, n, num_errors) -> jax.Array:
+  """E-AURC from its summed n E-AURC terms (``total / n`` rounded once), exactly 0 with one
+  class (:func:`cwsa_jax._areas.excess_area`)."""
+  return _areas.excess_area(total, n, num_errors, divide=_stats.divide)
 
 
 def _per_backend(kernel, kernels: _dispatch.Kernels, *args, cuda=None, **options):
@@ -396,8 +389,8 @@ def _per_backend(kernel, kernels: _dispatch.Kernels, *args, cuda=None, **options
 def _summary_by_tiles(c, correct, *, convention, with_eaurc,
                       kernels: _dispatch.Kernels = _dispatch.DEFAULT):
   """:func:`_summary_kernel` of boolean outcomes on CUDA GPUs: the sort, ``_group_areas``'
-  kernel for the areas, and for E-AURC XLA reductions of the same bytes (the errors among the
-  first m, the group starts after position m and at m + 1) and the oracle's closed sum."""
+  kernel for the areas, and for E-AURC XLA prefix sums and reductions of the same bytes (the
+  terms of :func:`_excess_terms`, position p in the place of slot p + 1)."""
   n = c.shape[0]
   keys, errors = _sorted_outcomes(c, correct, keep_input_order=False, length=n + 1)
   byte = _group_areas.flags(keys, errors, n)
@@ -409,16 +402,23 @@ def _summary_by_tiles(c, correct, *, convention, with_eaurc,
   position = lax.iota(jnp.int32, byte.shape[0]) + 1  # past n: no error, no start
   num_errors = jnp.sum(error)
   m = n - num_errors  # number of correct samples
-  counts = (jnp.sum(jnp.where(position <= m, error, 0)),  # errors among the first m
-            jnp.sum(jnp.where(position > m, start, 0)),  # tie groups starting after m
-            jnp.sum(jnp.where(position == m + 1, start, 0)))  # one starts at m + 1
-  oracle = None
-  if convention == "step":  # the optimal strict order: E_p = max(p - m, 0)
-    end = lax.iota(jnp.int32, n) + 1
-    oracle = _per_sample(jnp.sum(_areas.oracle_errors(end, m).astype(jnp.float32)
-                                 / end.astype(jnp.float32)), n)
-  return RiskCoverageSummary(aurc_value, augrc_value,
-                             _eaurc(aurc_value, n, num_errors, *counts, convention, oracle))
+  cum = lax.cumsum(error)  # E_p
+  real = position <= n
+  ends = real & ((jnp.concatenate([start[1:], jnp.zeros((1,), start.dtype)]) == 1)
+                 | (position == n))
+  first = lax.cummax(jnp.where(start == 1, position, 0))  # the group's first position
+  width = position - first + 1  # at an end W; else p - K'
+  zero = jnp.float32(0.0)
+  if convention == "step":
+    terms = (jnp.where(ends, _areas.step_excess(width, position, cum, m), zero)
+             + jnp.where(real & ~ends, _areas.tie_excess(width, position, m), zero))
+  else:
+    previous_end = first - 1
+    before = jnp.where(previous_end > 0, cum[jnp.maximum(previous_end - 1, 0)], 0)
+    terms = jnp.where(ends, _areas.trapezoid_excess(width, position, cum,
+                                                    (previous_end > 0, previous_end, before),
+                                                    m, n), zero)
+  return RiskCoverageSummary(aurc_value, augrc_value, _excess(jnp.sum(terms), n, num_errors))
 
 
 @functools.partial(jax.jit, static_argnames=("convention", "with_eaurc", "kernels"))

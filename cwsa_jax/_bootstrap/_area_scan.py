@@ -184,7 +184,9 @@ def _area_loop(m, correct, group_end, carry: _AreaCarry, convention: str,
 
 
 def _areas_from_carry(carry: _AreaCarry, convention: str):
-  """AURC, AUGRC and E-AURC of the area scan's final ``carry``."""
+  """AURC, AUGRC and E-AURC of the area scan's final ``carry``: E-AURC as AURC less the
+  oracle's closed form (the exact metrics' differences to the oracle need the number of
+  correct samples before the scan; a resample's, or a stream's, is known only at its end)."""
   step_rule = convention == "step"
   total, num_errors, area, generalized = carry.k, carry.e, carry.area, carry.generalized
   n = total.astype(jnp.float32)  # the resample's size: sum of m
@@ -234,16 +236,16 @@ def _wide_area_carry_zero(shape=()) -> _WideAreaCarry:
 def _small(w, limit_bits: int):
   """Whether the wide count ``w`` is below 2^limit_bits (limit_bits in [12, 36])."""
   top, hi, _ = w
-  return (top == 0) & (hi < 1 << (limit_bits - _exact._CARRY_BITS))
+  return (top == 0) & (hi < 1 << (limit_bits - _exact.CARRY_BITS))
 
 
 def _relative(w, in_int32):
   """(int32 count, float32 frame) of the wide count ``w``: ``w`` itself and 0 where
   ``in_int32``, else ``w mod 2^30`` and ``w - w mod 2^30``."""
   top, hi, lo = w
-  low_bits = _FRAME_BITS - _exact._CARRY_BITS
-  relative = jnp.where(in_int32, (hi << _exact._CARRY_BITS) | lo,
-                       ((hi & ((1 << low_bits) - 1)) << _exact._CARRY_BITS) | lo)
+  low_bits = _FRAME_BITS - _exact.CARRY_BITS
+  relative = jnp.where(in_int32, (hi << _exact.CARRY_BITS) | lo,
+                       ((hi & ((1 << low_bits) - 1)) << _exact.CARRY_BITS) | lo)
   # top 2^36 + (hi >> 18) 2^30 with top < 2^18: both floats and their sum exact.
   frame = (top.astype(jnp.float32) * np.float32(2.0**36)
            + (hi >> low_bits).astype(jnp.float32) * np.float32(2.0**_FRAME_BITS))
@@ -278,7 +280,7 @@ def _harmonic_difference_float(r_small, r, d, n):
   def tail(x):  # f(x) - ln x
     return 0.5 / x - 1.0 / (12.0 * x * x) + 1.0 / (120.0 * x * x * x * x)
 
-  small = jnp.asarray(_areas._SMALL_HARMONIC)
+  small = jnp.asarray(_areas.SMALL_HARMONIC)
   rf = jnp.maximum(r, 8.0)
   large = jnp.log1p(d / rf) + tail(n) - tail(rf)
   h_n = jnp.log(n) + np.float32(np.euler_gamma) + tail(n)

@@ -93,9 +93,13 @@ def _poisson_thresholds() -> np.ndarray:
 _POISSON_THRESHOLDS = _poisson_thresholds()
 
 
-def _poisson_from_seed(seed: jax.Array, index: jax.Array) -> jax.Array:
-  """Poisson(1) multiplicities [n] int32 of the samples with row numbers ``index`` [n] uint32."""
-  w, _ = _threefry2x32(seed[0], seed[1], jnp.zeros((), jnp.uint32), index)
+def _poisson_from_seed(seed: jax.Array, index: jax.Array,
+                       high: jax.Array | None = None) -> jax.Array:
+  """Poisson(1) multiplicities [n] int32 of the samples with row numbers ``index`` [n] uint32;
+  with ``high`` [n] uint32, of the rows ``2^32 high + index`` (Threefry counter (high, index),
+  where rows below 2^32 draw from (0, index): the same multiplicities for those)."""
+  high = jnp.zeros((), jnp.uint32) if high is None else high
+  w, _ = _threefry2x32(seed[0], seed[1], high, index)
   m = jnp.zeros(index.shape, jnp.int32)
   for t in _POISSON_THRESHOLDS:  # m = #{k : w >= t_k}: the inverse CDF
     m = m + (w >= t).astype(jnp.int32)

@@ -37,11 +37,10 @@ from cwsa_jax._bootstrap._intervals import BootstrapResult
 from cwsa_jax._bootstrap._intervals import _interval_jit
 from cwsa_jax._bootstrap._runner import POISSON_BLOCK_ELEMENTS
 from cwsa_jax._bootstrap._runner import run_blocks
-from cwsa_jax._bootstrap._sampler import _POISSON_THRESHOLDS
 from cwsa_jax._bootstrap._sampler import _RESAMPLING
 from cwsa_jax._bootstrap._sampler import _poisson_block_jit
+from cwsa_jax._bootstrap._sampler import _poisson_from_seed
 from cwsa_jax._bootstrap._sampler import _seed
-from cwsa_jax._bootstrap._sampler import _threefry2x32
 
 _MIN_RANGE_LENGTH = 1 << 16  # the smallest padded range length (one compilation per power of 2)
 
@@ -99,11 +98,7 @@ def _poisson_block_wide_jit(source, source_high, length, key, start, num_chunks)
   real = jnp.arange(source.shape[0]) < length
 
   def one(b):
-    seed = _seed(key, b)
-    w, _ = _threefry2x32(seed[0], seed[1], source_high, source)
-    m = jnp.zeros(source.shape, jnp.int32)
-    for t in _POISSON_THRESHOLDS:  # m = #{k : w >= t_k}: the inverse CDF
-      m = m + (w >= t).astype(jnp.int32)
+    m = _poisson_from_seed(_seed(key, b), source, source_high)
     return jnp.where(real, m, 0).astype(jnp.int8)
 
   return jax.vmap(one)(start + jnp.arange(num_chunks, dtype=jnp.uint32))
