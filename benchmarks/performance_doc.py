@@ -66,9 +66,11 @@ lacks. Compare ratios measured in one run, not absolute times across hosts.
 TEXT["suite"] = """\
 ## The test suite
 
-`./dev.sh test` runs the suite on two workers with one JAX compilation cache for the run (a temporary
-folder, removed at the end). Most of the suite's CPU time is XLA compiling the programs the tests
-build. `benchmarks/suite_compile_time.py` measures where it goes: `PYTHONPATH=benchmarks
+`./dev.sh test` runs the suite on two workers with a persistent JAX compilation cache in the user's
+cache folder (`~/.cache/cwsa-jax/test-compilation-cache`, at most 2 GiB, least recently used entries
+evicted first): most of the suite's CPU time is XLA compiling the programs the tests build, and a
+second run compiles only the programs a change touched. CI (`CI` set) starts cold with a cache of
+its own for the run, removed at the end; remove the folder to time a cold run locally. `benchmarks/suite_compile_time.py` measures where it goes: `PYTHONPATH=benchmarks
 CWSA_JAX_COMPILE_STATS=DIR ./dev.sh test -p suite_compile_time`, then `python
 benchmarks/suite_compile_time.py DIR`. Its summary is not committed under `results/benchmarks/`, so this
 page gives no figures for it.
