@@ -366,7 +366,8 @@ def augrc(confidences, correct, *, convention: str = "step") -> float:
 
 
 def eaurc(confidences, correct, *, convention: str = "step") -> float:
-  """As ``cwsa_jax.eaurc``: AURC minus the same convention's oracle, clamped at 0."""
+  """AURC minus the same convention's oracle in float64, clamped at 0 (``cwsa_jax.eaurc`` sums the
+  exact nonnegative differences instead, so the two agree to float32 rounding)."""
   return risk_coverage_areas(confidences, correct, convention=convention).eaurc
 
 
