@@ -2,7 +2,7 @@
 # The README's two commands:
 #   ./dev.sh demo   set up .venv with cwsa-jax[plots] and run the main job (synthetic demo, no data)
 #   ./dev.sh test   set up .venv with cwsa-jax[dev] and run the test suite (CI, CWSA_JAX_SLOW=1: and
-#                   the end-to-end cases marked slow)
+#                   the cases marked slow or interpreted)
 #   ./dev.sh docs   set up .venv with cwsa-jax[dev] and build the documentation into docs/_build/html
 # Extra arguments are passed on (to `cwsa-jax demo`, to pytest or to sphinx-build).
 set -euo pipefail
@@ -74,11 +74,12 @@ case "$cmd" in
       exit
     fi
     # The suite, without the end-to-end cases marked slow (whole commands, kills, installs,
-    # notebooks, benchmark smoke runs); CI, or CWSA_JAX_SLOW=1, runs those next.
-    "${pytest[@]}" -m "not slow"
+    # notebooks, benchmark smoke runs) and the accelerator kernels run through the Pallas
+    # interpreter (marked interpreted); CI, or CWSA_JAX_SLOW=1, runs those next.
+    "${pytest[@]}" -m "not slow and not interpreted"
     if [ -n "${CI:-}" ] || [ "${CWSA_JAX_SLOW:-0}" = 1 ]; then
-      echo "[dev.sh] the end-to-end cases marked slow" >&2
-      "${pytest[@]}" -m slow
+      echo "[dev.sh] the cases marked slow or interpreted" >&2
+      "${pytest[@]}" -m "slow or interpreted"
     fi
     ;;
   docs)

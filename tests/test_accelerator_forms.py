@@ -27,6 +27,9 @@ from cwsa_jax import _select
 from cwsa_jax import _selective
 from cwsa_jax import _sweep
 
+# The Pallas interpreter is slow on the CPU: ./dev.sh test runs these in CI (see pyproject.toml).
+pytestmark = pytest.mark.interpreted
+
 DEFAULT = _dispatch.DEFAULT
 INTERPRETED = _dispatch.Kernels(interpret=True)  # Pallas kernels through the interpreter
 
