@@ -149,6 +149,7 @@ def test_killed_run_resumes_to_identical_results(tiny_mnist, tmp_path):
   assert "idx" in a["data_source"]
 
 
+@pytest.mark.slow  # a whole train command in a subprocess
 def test_cwsa_loss_and_max_steps(tiny_mnist, tmp_path):
   out = tmp_path / "c"
   r = _train(_common(tiny_mnist, out, tmp_path / "cache") +
