@@ -11,10 +11,15 @@ tied samples are accepted or rejected together ("tie groups").
 
 How it is computed, per row: the scores become int32 keys that order like
 them (the float32 bit pattern, negative values' bits flipped so that they sort
-below the positive ones); one stable sort of the keys (``_sort.sort_with_order``)
-orders the correctness flags; int32 prefix counts over the sorted flags give,
-at each tie group's start, the correct and wrong samples below it, and a
+below the positive ones), inside the jitted kernel. AUROC and AP: one sort of
+the (key, correctness) pairs (:func:`_sorted_outcomes`: on the CPU one NumPy
+sort of packed words, 32 bits wide when the keys allow; no stable order, as
+only tie groups' counts are read); int32 prefix counts over the sorted flags
+give, at each tie group's start, the correct and wrong samples below it, and a
 table indexed by the group number hands every sample its group's counts.
+FPR@TPR needs no sort above a few ten thousand samples: the target fixes the
+fewest correct samples a threshold must accept (a binary search over the
+integers of the rate test), and a radix select finds that threshold's key.
 Every count is exact; sums too large for int32 (the AUROC numerator reaches
 ``P N``) are exact digit sums (``_exact.segment_sums``), and each metric is
 rounded to float32 once, or a few times, at the end.
@@ -78,20 +83,76 @@ def _score_keys(scores: jax.Array) -> jax.Array:
   return jnp.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
 
 
-def _prepare(scores: Any, correct: Any):
-  """int32 score keys and bool correctness [..., n], and the row flag (None when checked)."""
+def _inputs(scores: Any, correct: Any):
+  """Checked ``(scores, correct, row flag)`` [..., n] for the jitted kernels, which make the
+  keys (:func:`_kernel_inputs`): no eager pass over the samples beyond the checks."""
   c, k, invalid = _validation.samples(scores, correct, scores=True, unit_scores=False,
                                       graded=False)
   # Integer scores (host ranks among them) keep their exact order; ``c`` is their float32.
   integer = isinstance(scores, (np.ndarray, jax.Array)) and scores.dtype.kind in "iu"
-  if k.dtype != jnp.bool_:
-    k = k == 1.0  # checked to be 0/1 (flagged otherwise)
-  return _score_keys(jnp.asarray(scores) if integer else c), k, invalid
+  return (jnp.asarray(scores) if integer else c), k, invalid
+
+
+def _kernel_inputs(scores: jax.Array, correct: jax.Array):
+  """int32 keys and bool correctness [..., n] of checked inputs; int32 keys stay as they are."""
+  if correct.dtype != jnp.bool_:
+    correct = correct == 1.0  # checked to be 0/1 (flagged otherwise)
+  return _score_keys(scores), correct
+
+
+def _prepare(scores: Any, correct: Any):
+  """int32 score keys and bool correctness [..., n], and the row flag (None when checked)."""
+  s, k, invalid = _inputs(scores, correct)
+  return *_kernel_inputs(s, k), invalid
 
 
 # --------------------------------------------------------------------------
 # Kernels (one row; ``_batched`` maps them over the leading axes)
 # --------------------------------------------------------------------------
+
+
+def _host_sorted_outcomes(keys: jax.Array, correct: jax.Array):
+  """:func:`_sorted_outcomes` in NumPy: one sort of packed words, the flag in the low bit."""
+  def fill(outs, keys, correct):
+    out_keys, out_flags = outs
+    if keys.size == 0:
+      return
+    low, high = int(keys.min()), int(keys.max())
+    if high - low < 2**31:  # the usual case ([0, 1] confidences, ranks): 32-bit words
+      words = (keys - np.int32(low)).view(np.uint32) << np.uint32(1)
+      low_key = np.int32(low)
+    else:  # keys spread over more than 31 bits (negative and positive scores): 64-bit words
+      words = keys.astype(np.int64) << 1
+      low_key = None
+    words |= correct
+    words.sort(axis=-1)
+    np.bitwise_and(words, 1, out=out_flags, casting="unsafe")
+    words >>= 1
+    if low_key is None:
+      out_keys[...] = words
+    else:
+      np.add(words.view(np.int32), low_key, out=out_keys)
+
+  shape = jax.ShapeDtypeStruct(keys.shape, jnp.int32)
+  return _sort._host(fill, (shape, shape), keys, correct)
+
+
+def _device_sorted_outcomes(keys: jax.Array, correct: jax.Array):
+  return lax.sort((keys, correct.astype(jnp.int32)), num_keys=2)
+
+
+def _sorted_outcomes(keys: jax.Array, correct: jax.Array, kernels: _dispatch.Kernels):
+  """``(sorted keys, flags)`` int32 [n]: the keys in ascending order and the 0/1 correctness
+  beside them, wrong before correct within a tie group.
+
+  Every metric here reads a tie group's counts only, never which sample sits
+  where inside it, so no stable order (and no gather of the flags by it) is
+  needed: on the CPU one NumPy sort of words ``(key - min) << 1 | flag``
+  (32 bits wide when the keys span fewer than 2^31 values, else 64), on
+  other platforms ``lax.sort`` of the (key, flag) pairs; the same result.
+  """
+  return kernels.pick("sort", keys, correct, cpu=_host_sorted_outcomes,
+                      default=_device_sorted_outcomes)
 
 
 def _tie_groups(keys: jax.Array, correct: jax.Array, kernels: _dispatch.Kernels):
@@ -104,19 +165,25 @@ def _tie_groups(keys: jax.Array, correct: jax.Array, kernels: _dispatch.Kernels)
   hold the totals ``P`` and ``N``), all exact int32.
   """
   n = keys.shape[-1]
-  sorted_keys, order = _sort.sort_with_order(keys, kernels=kernels)
-  flags = jnp.take(correct.astype(jnp.int32), order)
-  new = jnp.concatenate([jnp.ones((1,), bool), sorted_keys[1:] != sorted_keys[:-1]])
+  flags, new, correct_below, num_correct = _group_starts(keys, correct, kernels)
   group = _sort.cumsum(new.astype(jnp.int32), kernels=kernels) - 1
-  correct_below = _sort.cumsum(flags, kernels=kernels) - flags  # below each position
   wrong_below = lax.iota(jnp.int32, n) - correct_below
-  num_correct = correct_below[-1] + flags[-1]
   num_wrong = n - num_correct
   slot = jnp.where(new, group, n + 1)  # positions inside a group write nothing
   table = lambda below, total: jnp.full((n + 1,), total, jnp.int32).at[slot].set(  # noqa: E731
       below, mode="drop")
   return (flags, new, group, table(correct_below, num_correct), table(wrong_below, num_wrong),
           num_correct, num_wrong)
+
+
+def _group_starts(keys: jax.Array, correct: jax.Array, kernels: _dispatch.Kernels):
+  """``(flags, new, correct_below, P)`` after one sort of the keys [n]: the sorted int32
+  flags, whether each sorted position starts a tie group, the correct samples below each
+  position (exact at a group's start, whatever the order inside the groups) and their total."""
+  sorted_keys, flags = _sorted_outcomes(keys, correct, kernels)
+  new = jnp.concatenate([jnp.ones((1,), bool), sorted_keys[1:] != sorted_keys[:-1]])
+  correct_below = _sort.cumsum(flags, kernels=kernels) - flags
+  return flags, new, correct_below, correct_below[-1] + flags[-1]
 
 
 def _exact_sum(values: jax.Array, digits, places, kernels: _dispatch.Kernels) -> jax.Array:
@@ -140,6 +207,7 @@ def _nan_unless(ok: jax.Array, value: jax.Array) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=("kernels",))
 def _auroc_impl(keys, correct, *, kernels):
+  keys, correct = _kernel_inputs(keys, correct)
   flags, _, group, _, wrong_start, num_correct, num_wrong = _tie_groups(keys, correct, kernels)
   # Twice the numerator, per correct sample: the wrong ones below its tie group plus those
   # up to its group's end (a tie counts one half). Each term is below 2 N (int32 for n < 2^30).
@@ -149,22 +217,98 @@ def _auroc_impl(keys, correct, *, kernels):
   return _nan_unless(pairs > 0, total / jnp.maximum(pairs, 1.0))
 
 
+# Radix select: two levels of 16-bit digits of the unsigned keys; below this many samples one
+# sort costs less than the two 2^16-bucket histograms and their prefix sums.
+_DIGIT_BITS = 16
+_SELECT_MIN_N = 1 << 15
+
+
+def _fewest_correct(num_correct: jax.Array, tpr: jax.Array) -> jax.Array:
+  """int32 [*tpr.shape]: the least ``A`` in [0, P] with ``f32(A) / f32(max(P, 1)) >= tpr - slack``
+  (``P + 1`` where there is none).
+
+  The rate test of a threshold accepting ``A`` correct samples, exactly as written, is
+  monotone in ``A``: a binary search over the integers (32 steps cover int32) finds
+  where it turns true, so it is evaluated only at integers and never inverted in floats.
+  """
+  target = tpr - _TARGET_SLACK
+  total = jnp.maximum(num_correct, 1).astype(jnp.float32)
+
+  def step(_, bounds):
+    low, high = bounds  # the answer lies in [low, high]
+    mid = low + (high - low) // 2
+    ok = mid.astype(jnp.float32) / total >= target
+    return jnp.where(ok, low, mid + 1), jnp.where(ok, mid, high)
+
+  start = (jnp.zeros(tpr.shape, jnp.int32), jnp.full(tpr.shape, num_correct + 1, jnp.int32))
+  return lax.fori_loop(0, 32, step, start)[1]
+
+
+def _fewest_wrong_by_sort(keys, correct, fewest_correct, kernels):
+  """Wrong samples accepted at the highest tie-group start that accepts at least
+  ``fewest_correct`` [T] correct ones (all N where none does): one sort, read at the starts."""
+  n = keys.shape[-1]
+  _, new, correct_below, num_correct = _group_starts(keys, correct, kernels)
+  accepted_correct = num_correct - correct_below
+  accepted_wrong = (n - num_correct) - (lax.iota(jnp.int32, n) - correct_below)
+  reaches = new & (accepted_correct >= fewest_correct[:, None])  # [T, n]
+  return jnp.min(jnp.where(reaches, accepted_wrong, n - num_correct), axis=-1)
+
+
+def _fewest_wrong_by_select(keys, correct, fewest_correct, kernels):
+  """As :func:`_fewest_wrong_by_sort`, with no sort: that threshold is the ``A``-th largest
+  correct key (the largest key where ``A = 0``), found by a radix select of the ``r = P - A``-th
+  smallest: a histogram of the high digits of the correct keys locates its bucket and its rank
+  inside, a second of the low digits inside that bucket its key; one more pass counts the
+  wrong samples at or above it."""
+  size = 1 << _DIGIT_BITS
+  unsigned = lax.bitcast_convert_type(keys, jnp.uint32) ^ jnp.uint32(0x80000000)  # same order
+  high = (unsigned >> _DIGIT_BITS).astype(jnp.int32)
+  low = (unsigned & (size - 1)).astype(jnp.int32)
+  flags = correct.astype(jnp.int32)
+  hist = jax.ops.segment_sum(flags, high, num_segments=size)
+  cum = _sort.cumsum(hist, kernels=kernels)  # correct keys in buckets <= b
+  num_correct = cum[-1]
+
+  def select(rank):  # the rank-th smallest correct key (0-based; rank < P)
+    bucket = jnp.searchsorted(cum, rank, side="right").astype(jnp.int32)
+    inside = rank - (cum[bucket] - hist[bucket])
+    ids = jnp.where(high == bucket, low, size)  # other buckets: out of range, dropped
+    cum_low = _sort.cumsum(jax.ops.segment_sum(flags, ids, num_segments=size), kernels=kernels)
+    digit = jnp.searchsorted(cum_low, inside, side="right").astype(jnp.uint32)
+    return (bucket.astype(jnp.uint32) << _DIGIT_BITS) | digit
+
+  rank = jnp.clip(num_correct - fewest_correct, 0, jnp.maximum(num_correct - 1, 0))
+  threshold = jnp.where(fewest_correct == 0, jnp.max(unsigned), jax.vmap(select)(rank))
+  above = jnp.sum(~correct & (unsigned >= threshold[:, None]), axis=-1, dtype=jnp.int32)
+  return jnp.where(fewest_correct > num_correct, keys.shape[-1] - num_correct, above)
+
+
 @functools.partial(jax.jit, static_argnames=("kernels",))
 def _fpr_at_tpr_impl(keys, correct, tpr, *, kernels):
-  _, new, group, correct_start, wrong_start, num_correct, num_wrong = _tie_groups(
-      keys, correct, kernels)
-  # The threshold at each tie group's start accepts that group and every group above it.
-  accepted_correct = num_correct - correct_start[group]
-  accepted_wrong = num_wrong - wrong_start[group]
-  rate = accepted_correct.astype(jnp.float32) / jnp.maximum(num_correct, 1).astype(jnp.float32)
-  reaches = new & (rate >= tpr[..., None] - _TARGET_SLACK)  # [*tpr.shape, n]
-  fewest = jnp.min(jnp.where(reaches, accepted_wrong, num_wrong), axis=-1)
-  fpr = fewest.astype(jnp.float32) / jnp.maximum(num_wrong, 1).astype(jnp.float32)
+  keys, correct = _kernel_inputs(keys, correct)
+  n = keys.shape[-1]
+  num_correct = jnp.sum(correct, dtype=jnp.int32)
+  num_wrong = n - num_correct
+  # The threshold at each tie group's start accepts that group and every group above it; the
+  # rate it reaches falls as the threshold rises, so the fewest wrong ones accepted among the
+  # starts that reach the target are those of the highest such start.
+  need = _fewest_correct(num_correct, tpr).reshape(-1)
+  by_sort = functools.partial(_fewest_wrong_by_sort, kernels=kernels)
+  if n < _SELECT_MIN_N:
+    fewest = by_sort(keys, correct, need)
+  else:  # a sort on CUDA GPUs, whose scatter-adds contend (as ``_sort.order_statistics``)
+    by_select = functools.partial(_fewest_wrong_by_select, kernels=kernels)
+    fewest = kernels.pick("select", keys, correct, need,
+                          cuda=by_sort if kernels.select_by_sort else None, default=by_select)
+  fpr = fewest.reshape(tpr.shape).astype(jnp.float32) / jnp.maximum(num_wrong, 1).astype(
+      jnp.float32)
   return _nan_unless((num_correct > 0) & (num_wrong > 0), fpr)
 
 
 @functools.partial(jax.jit, static_argnames=("error", "kernels"))
 def _average_precision_impl(keys, correct, *, error, kernels):
+  keys, correct = _kernel_inputs(keys, correct)
   n = keys.shape[-1]
   _, new, group, correct_start, wrong_start, num_correct, num_wrong = _tie_groups(
       keys, correct, kernels)
@@ -230,7 +374,7 @@ def auroc(scores: Any, correct: Any) -> jax.Array:
     "A call to reflect on evaluation practices for failure detection in image
     classification", ICLR 2023 (fd-shifts).
   """
-  keys, k, invalid = _prepare(scores, correct)
+  keys, k, invalid = _inputs(scores, correct)
   fn = functools.partial(_auroc_impl, kernels=_dispatch.DEFAULT)
   return _validation.poison(_batched(fn, keys.ndim)(keys, k), rows=invalid)
 
@@ -269,7 +413,7 @@ def fpr_at_tpr(scores: Any, correct: Any, tpr: Any = 0.95) -> jax.Array:
   References:
     Hendrycks & Gimpel, ICLR 2017; Jaeger et al., ICLR 2023 (fd-shifts).
   """
-  keys, k, invalid = _prepare(scores, correct)
+  keys, k, invalid = _inputs(scores, correct)
   t = _validation.as_float_array(tpr, "tpr").astype(jnp.float32)
   target_flag = _validation.check_range(t, "tpr", low_open=True)
   fn = functools.partial(_fpr_at_tpr_impl, kernels=_dispatch.DEFAULT)
@@ -316,7 +460,7 @@ def average_precision(scores: Any, correct: Any, *, positive: str = "correct") -
   """
   if positive not in POSITIVES:
     raise ValueError(f"positive must be one of {POSITIVES}, got {positive!r}")
-  keys, k, invalid = _prepare(scores, correct)
+  keys, k, invalid = _inputs(scores, correct)
   fn = functools.partial(_average_precision_impl, error=positive == "error",
                          kernels=_dispatch.DEFAULT)
   return _validation.poison(_batched(fn, keys.ndim)(keys, k), rows=invalid)
