@@ -68,6 +68,8 @@ def _concrete(scores: Any) -> np.ndarray | None:
 
 def wide_ranks(scores: Any) -> Any:
   """Concrete scores of a :data:`WIDE` dtype as int32 dense ranks; anything else as it is."""
+  if isinstance(scores, jax.Array) and np.dtype(scores.dtype) not in WIDE:
+    return scores  # no copy to the host and finiteness scan for what needs no ranks
   x = _concrete(scores)
   if x is None or x.dtype not in WIDE:
     return scores
