@@ -43,10 +43,13 @@ This module imports flax (the ``[train]`` extra); ``import cwsa_jax`` does not.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 try:
@@ -63,27 +66,52 @@ from cwsa_jax import SweepResult
 __all__ = ["CalibrationMetric", "RiskCoverageMetric", "SweepMetric", "ThresholdMetric"]
 
 
+@functools.lru_cache(maxsize=None)
+def _layout(state_type: type) -> tuple[tuple[str, ...], dict]:
+  """The array fields a metric of ``state_type`` holds, and the fields its class fixes.
+
+  Static fields (bins) and configured arrays (a sweep's thresholds) are the same in
+  every state of the class: keeping them out of the metric's variable spares ``nnx.jit``
+  flattening, transferring and returning them on every step.
+  """
+  empty = state_type.empty()
+  arrays, fixed = [], {}
+  for f in dataclasses.fields(empty):
+    value = getattr(empty, f.name)
+    if f.metadata.get("static"):
+      fixed[f.name] = value
+    elif f.name in state_type._CONFIGURED_FIELDS:
+      fixed[f.name] = np.asarray(value)
+    else:
+      arrays.append(f.name)
+  return tuple(arrays), fixed
+
+
 class _StateMetric(nnx.metrics.Metric):
-  """A ``Metric`` holding one configured streaming state's arrays in ``MetricState`` variables."""
+  """A ``Metric`` holding one configured streaming state's arrays in one ``MetricState``.
+
+  One variable (a tuple of the state's arrays) rather than one per array: ``nnx.jit``
+  walks every graph node and variable on each call, host work that made the step of a
+  small model markedly slower.
+  """
 
   def __init__(self, state_type: type):
     self._state_type = state_type  # static: its class options (thresholds, bins)
-    empty = state_type.empty()
-    fields = dataclasses.fields(empty)
-    self._array_fields = tuple(f.name for f in fields if not f.metadata.get("static"))
-    self._static_fields = tuple((f.name, getattr(empty, f.name)) for f in fields
-                                if f.metadata.get("static"))
-    for name in self._array_fields:
-      setattr(self, name, nnx.metrics.MetricState(getattr(empty, name)))
+    self.arrays = nnx.metrics.MetricState(self._arrays_of(state_type.empty()))
+
+  def _arrays_of(self, state) -> tuple:
+    return tuple(getattr(state, name) for name in _layout(self._state_type)[0])
 
   def streaming_state(self):
     """The accumulated :mod:`cwsa_jax.streaming` state (e.g. to ``merge`` or ``psum`` it)."""
-    arrays = {name: getattr(self, name)[...] for name in self._array_fields}
-    return self._state_type(**arrays, **dict(self._static_fields))
+    names, fixed = _layout(self._state_type)
+    fields = dict(zip(names, self.arrays.get_value()))
+    fields.update({name: jnp.asarray(value) if isinstance(value, np.ndarray) else value
+                   for name, value in fixed.items()})
+    return self._state_type(**fields)
 
   def _store(self, state) -> None:
-    for name in self._array_fields:
-      getattr(self, name)[...] = getattr(state, name)
+    self.arrays.set_value(self._arrays_of(state))
 
   def reset(self) -> None:
     """Forgets every sample: back to the state of none."""
@@ -91,6 +119,10 @@ class _StateMetric(nnx.metrics.Metric):
 
   def update(self, *, axis_name: Any = None, **outputs: Any) -> None:
     """Adds a batch of model outputs, in place.
+
+    Under ``nnx.jit`` with the metric donated (``donate_argnums``), XLA updates
+    the state's buffers in place: a :class:`RiskCoverageMetric` then rewrites
+    only the bins the batch touches instead of its whole state.
 
     Args:
       axis_name: inside ``shard_map``: all-reduce the batch's sums over this
@@ -104,10 +136,12 @@ class _StateMetric(nnx.metrics.Metric):
         value keeps it (a NaN entry raises, or under ``jit`` makes the metric
         NaN). Any other keyword (a loss, images) is ignored.
     """
-    batch = self._state_type.from_model_output(**outputs)
-    if axis_name is not None:
-      batch = batch.psum(axis_name)
-    self._store(self.streaming_state().merge(batch))
+    state = self.streaming_state()
+    if axis_name is None:
+      self._store(state._add_model_output(**outputs))
+      return
+    batch = self._state_type.from_model_output(**outputs).psum(axis_name)
+    self._store(state.merge(batch))
 
   def compute(self) -> Any:
     """The metric of every sample added since the last :meth:`reset` (NaN-valued with none)."""
@@ -221,7 +255,9 @@ class RiskCoverageMetric(_StateMetric):
   Args:
     mantissa_bits: ``2^mantissa_bits`` bins per octave of ``c`` below 1/2 and
       of ``1 - c`` above it (default 8: 64,513 bins of 40 bytes, about 2.6 MB
-      of state).
+      of state). An update writes only the bins its batch touches: donate the
+      metric to ``nnx.jit`` (``donate_argnums``) so that XLA writes them in
+      place; without donation every step copies the whole state.
   """
 
   def __init__(self, mantissa_bits: int = 8):

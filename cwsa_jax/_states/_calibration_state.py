@@ -60,6 +60,7 @@ class CalibrationState:
   # Class options (not fields), set by configure().
   _num_bins = 15
   _norm = "l1"
+  _CONFIGURED_FIELDS = ()  # see SweepState
 
   @classmethod
   def configure(cls, *, num_bins: int = 15, norm: str = "l1") -> type[CalibrationState]:
@@ -110,6 +111,10 @@ class CalibrationState:
     hi, lo, invalid = fn(c, k, mask)
     top, hi, lo = _exact.widen(hi, lo)
     return cls(hi, lo, top, invalid)
+
+  def _add_model_output(self, **outputs: Any) -> "CalibrationState":
+    """``self.merge(type(self).from_model_output(**outputs))`` (``cwsa_jax.nnx``'s update)."""
+    return self.merge(type(self).from_model_output(**outputs))
 
   @property
   def num_bins(self) -> int:

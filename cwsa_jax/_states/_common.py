@@ -136,10 +136,22 @@ def _reduced(state: Any, total: Callable) -> dict:
   return _sealed(state, *_marked(_exact.wide_reduce((state.top, state.hi, state.lo), total)))
 
 
-def _check_capacity(state: Any) -> None:
-  """Raises ``ValueError`` for a concrete state past its capacity (merged under ``jit``)."""
-  if _validation.is_concrete(state.top) and bool(np.any(np.asarray(
-      _exact.over_capacity(state.top)))):
+@jax.jit
+def _past_capacity(top: jax.Array, hi: jax.Array) -> jax.Array:
+  """bool [...]: each state (sums [..., buckets, W]) is marked, or its column totals are past
+  the capacity: ``_exact.seal``'s criterion, for states that in-place updates (which skip
+  the full pass of a merge's seal) may have carried past it unmarked."""
+  return _exact.over_capacity(_exact.seal((top, hi, hi))[0])
+
+
+def _check_capacity(state: Any, *, columns: bool = False) -> None:
+  """Raises ``ValueError`` for a concrete state past its capacity (merged under ``jit``);
+  ``columns``: also one whose column totals are (:func:`_past_capacity`), for a state that
+  in-place updates may have carried past it unmarked."""
+  if not _validation.is_concrete(state.top):
+    return
+  over = _past_capacity(state.top, state.hi) if columns else _exact.over_capacity(state.top)
+  if bool(np.any(np.asarray(over))):
     raise ValueError(f"{type(state).__name__}: past its capacity, so no metric can be computed; "
                      f"a state is {_CAPACITY_TEXT}")
 

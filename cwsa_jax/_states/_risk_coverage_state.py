@@ -21,6 +21,8 @@ from cwsa_jax import _exact
 from cwsa_jax import _public
 from cwsa_jax._kernels import _sort
 from cwsa_jax import _stats
+from cwsa_jax import _validation
+from cwsa_jax._states._common import _CAPACITY_TEXT
 from cwsa_jax._states._common import _batched
 from cwsa_jax._states._common import _check_capacity
 from cwsa_jax._states._common import _clu_scalar
@@ -28,6 +30,7 @@ from cwsa_jax._states._common import _configured
 from cwsa_jax._states._common import _empty_sums
 from cwsa_jax._states._common import _merged
 from cwsa_jax._states._common import _model_outputs
+from cwsa_jax._states._common import _past_capacity
 from cwsa_jax._states._common import _prepare_batch
 from cwsa_jax._states._common import _reduced
 from cwsa_jax._states._common import _sum_leading
@@ -126,6 +129,7 @@ class RiskCoverageState:
   # Class options (not fields), set by configure().
   _mantissa_bits = 8
   _metric = "aurc"
+  _CONFIGURED_FIELDS = ()  # see SweepState
 
   @classmethod
   def configure(cls, *, mantissa_bits: int = 8, metric: str = "aurc") -> type[RiskCoverageState]:
@@ -183,6 +187,34 @@ class RiskCoverageState:
     top, hi, lo = _exact.widen(hi, lo)
     return cls(hi, lo, top, key_min, key_max, invalid, mantissa_bits)
 
+  def _add_model_output(self, **outputs: Any) -> "RiskCoverageState":
+    """``self.merge(type(self).from_model_output(**outputs))`` (``cwsa_jax.nnx``'s update), the
+    same arrays bit for bit within capacity, touching only the batch's bins (:func:`_rc_add`).
+
+    Past capacity, an eager update raises as :meth:`merge` does; under ``jit`` the
+    sticky mark (every ``top`` -1) is kept, while a state the updates carry past
+    the capacity is marked by its next :meth:`merge` and computes NaN at once.
+    """
+    cls = type(self)
+    c, k = _model_outputs(cls.__name__, outputs.get("confidences"), outputs.get("correct"),
+                          outputs.get("logits"), outputs.get("labels"), outputs.get("probs"))
+    n = int(np.prod(np.shape(c), dtype=np.int64))
+    if self.hi.ndim != 2 or self.mantissa_bits != cls._mantissa_bits or n > _ADD_MAX:
+      return self.merge(cls._from_batch(c, k, None, outputs.get("mask"), one_stream=True))
+    return self._add(c, k, outputs.get("mask"))
+
+  @_public.entry
+  def _add(self, confidences: Any, correct: Any, mask: Any) -> "RiskCoverageState":
+    c, k, mask = _prepare_batch(confidences, correct, mask, one_stream=True)
+    hi, lo, top, key_min, key_max, invalid = _rc_add(
+        self.hi, self.lo, self.top, self.key_min, self.key_max, self.invalid, c, k, mask,
+        mantissa_bits=self.mantissa_bits)
+    if _validation.is_concrete(top) and bool(_past_capacity(top, hi)):
+      raise ValueError(f"{type(self).__name__}: the merged state is past its capacity; a state "
+                       f"is {_CAPACITY_TEXT}")
+    return dataclasses.replace(self, hi=hi, lo=lo, top=top, key_min=key_min, key_max=key_max,
+                               invalid=invalid)
+
   def merge(self, other: "RiskCoverageState") -> "RiskCoverageState":
     if other.mantissa_bits != self.mantissa_bits:
       raise ValueError("cannot merge states with different mantissa_bits: "
@@ -205,7 +237,7 @@ class RiskCoverageState:
         invalid=jax.lax.psum(self.invalid.astype(jnp.int32), axis_name) > 0)
 
   def compute(self) -> BinnedRiskCoverage:
-    _check_capacity(self)
+    _check_capacity(self, columns=True)
     fn = _batched(_rc_compute, self.hi.ndim - 2, (0, 0, 0, 0, 0, 0))
     return fn(self.hi, self.lo, self.top, self.key_min, self.key_max, self.invalid)
 
@@ -242,17 +274,69 @@ def _rc_state_1d(c, k, mask, *, mantissa_bits):
   return hi, lo, key_min, key_max, _stats.invalid_inputs(c, k)
 
 
+# The most samples an in-place update adds (_rc_add): their loss digits (at most 4096 each)
+# summed into one bin's low limb stay below 2^31.
+_ADD_MAX = (1 << 19) - 2
+
+
+@functools.partial(jax.jit, static_argnames=("mantissa_bits",))
+def _rc_add(hi, lo, top, key_min, key_max, invalid, c, k, mask, *, mantissa_bits):
+  """The arrays of the state plus the batch (c, k, mask [n]), only the batch's bins rewritten.
+
+  :meth:`RiskCoverageState.merge` of :meth:`~RiskCoverageState.from_batch` builds the
+  batch's sums in tables of every bin and adds them to the whole state: about ten passes
+  over its 2.6 MB. Here each sample's columns ``(1, loss digits)`` are scatter-added
+  into the low limbs ``lo`` of its bin, and only the touched bins are gathered and
+  carried back to canonical limbs,
+
+  .. math::
+
+    h' = h + \\lfloor l / 2^{12} \\rfloor,\\quad l' = l \\bmod 2^{12},\\quad
+    t' = t + \\lfloor h' / 2^{24} \\rfloor,\\quad h' \\leftarrow h' \\bmod 2^{24},
+
+  the same canonical integers as the merge's (a bin's ``lo`` stays below
+  ``4095 + 4096 n < 2^31`` for ``n <= _ADD_MAX``). Under ``jit`` with the state
+  donated, every scatter writes the state's buffers in place: work proportional to
+  the batch, not to the bins. A marked state (``top`` -1 everywhere, see ``_exact.seal``)
+  stays marked; the capacity of the column totals is checked by :func:`_rc_compute`
+  and the next merge instead (a full pass over the state each step otherwise).
+  """
+  bins = hi.shape[0]
+  key = confidence_key(c)
+  ids = key >> (23 - mantissa_bits)
+  keep = (ids >= 0) & (ids < bins)  # at[] would wrap a negative index
+  if mask is not None:
+    keep = keep & mask
+  ids = jnp.where(keep, ids, bins)  # padding and stray keys: dropped by every scatter
+  for j, col in enumerate(_stats.loss_columns(k)):  # one 1-D scatter per column (as _exact)
+    lo = lo.at[ids, j].add(col, mode="drop")
+  # The touched bins (a repeated bin gathers the same sums, so writes the same limbs).
+  rows = lambda x: x.at[ids].get(mode="fill", fill_value=0)  # noqa: E731
+  carry, t_hi, t_lo = _exact.widen(rows(hi), rows(lo))
+  old_top = rows(top)
+  marked = (top[0, 0] < 0) | jnp.any(old_top < 0)
+  t_top = jnp.where(marked, _exact.OVER_CAPACITY, old_top + carry)
+  lo = lo.at[ids].set(t_lo, mode="drop")
+  hi = hi.at[ids].set(t_hi, mode="drop")
+  top = top.at[ids].set(t_top, mode="drop")
+  key_min = key_min.at[ids].min(key, mode="drop")
+  key_max = key_max.at[ids].max(key, mode="drop")
+  return hi, lo, top, key_min, key_max, invalid | _stats.invalid_inputs(c, k)
+
+
 @jax.jit
 def _rc_compute(hi, lo, top, key_min, key_max, invalid):
   # Suffix sums over ascending bins = totals of the bins at or above each bin.
   wide = (top, hi, lo)
   above = _exact.wide_suffix_sums(wide)
-  m, e = _stats.loss_totals(hi, lo, top)
-  k_incl, e_incl = _stats.loss_totals(above[1], above[2], above[0])
   # The bins strictly above, exactly (integer difference, rounded once).
   excl = _exact.wide_sub(above, wide)
-  k_excl, e_excl = _stats.loss_totals(excl[1], excl[2], excl[0])
-  invalid = invalid | _exact.over_capacity(top)
+  # The three sets of sums converted by one (elementwise) call, stacked: one copy of its
+  # exact rounding in the program instead of three (the first compute() compiles it).
+  (m, k_incl, k_excl), (e, e_incl, e_excl) = _stats.loss_totals(
+      *(jnp.stack(limb) for limb in zip((hi, lo, top), above[1:] + above[:1],
+                                        excl[1:] + excl[:1])))
+  invalid = invalid | _past_capacity(top, hi)
   n = k_incl[0]
   nonempty = m > 0
   safe_k = jnp.where(nonempty, k_incl, 1.0)

@@ -78,6 +78,9 @@ class SweepState:
   _graded = False
   _normalize = "retained"
   _metric = None  # set by at(): compute() gives this SweepResult field at the one threshold
+  # Array fields that configure() fixes for every state of the class (cwsa_jax.nnx keeps
+  # them out of its metric's variables).
+  _CONFIGURED_FIELDS = ("thresholds",)
 
   @classmethod
   def configure(cls, *, thresholds: Any, graded: bool = False,
@@ -228,6 +231,10 @@ class SweepState:
     hi, lo, invalid = fn(c, k, t, mask)
     top, hi, lo = _exact.widen(hi, lo)
     return cls(t, hi, lo, top, invalid)
+
+  def _add_model_output(self, **outputs: Any) -> "SweepState":
+    """``self.merge(type(self).from_model_output(**outputs))`` (``cwsa_jax.nnx``'s update)."""
+    return self.merge(type(self).from_model_output(**outputs))
 
   @property
   def graded(self) -> bool:
