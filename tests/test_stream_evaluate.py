@@ -228,9 +228,15 @@ def test_stream_intervals_equal_in_memory(tmp_path, capsys, monkeypatch, convent
   assert streamed["streaming"]["bootstrap_passes"] >= 4
   a, b = streamed["intervals"], in_memory["intervals"]
   assert a["resampling"] == b["resampling"] == "poisson" and a["num_resamples"] == 200
+  # The streamed bootstrap (cwsa_jax._bootstrap._streamed) does not resample the peer metrics
+  # yet: --stream reports them with null intervals and a note.
+  unresampled = {"auroc", "fpr_at_95tpr", "average_precision_success",
+                 "average_precision_error", "smooth_ece"}
+  assert "--stream" in a["note"]
   for end in ("low", "high"):
     assert set(a[end]) == set(b[end])
-    for name in b[end]:
+    assert all(a[end][name] is None for name in unresampled)
+    for name in set(b[end]) - unresampled:
       np.testing.assert_allclose(a[end][name], b[end][name], atol=3e-7, rtol=0,
                                  err_msg=f"{end} {name}")
 

@@ -7,14 +7,16 @@ import textwrap
 
 import numpy as np
 
-from cwsa_jax.cli import _intervals, _io, _json, _output
+from cwsa_jax.cli import _evaluate, _intervals, _io, _json, _metrics, _output
 from cwsa_jax.cli._format import text_table
 from cwsa_jax.cli._settings import Settings, parse_thresholds
 from cwsa_jax.cli._util import (UserError, add_progress_flag, progress_bar, progress_enabled,
                                 stage)
 
 HELP = "paired comparison of two models' predictions on the same test set"
-DESCRIPTION = ("Paired percentile bootstrap of A - B for accuracy, ECE, AURC, E-AURC, AUGRC and "
+DESCRIPTION = ("Paired percentile bootstrap of A - B for accuracy, ECE, AURC, E-AURC, AUGRC, "
+               "AUROC, FPR@95%TPR, the average precision of success and of error, smooth ECE "
+               "(and classwise ECE when both files hold per-class probabilities), and "
                "CWSA, CWSA+, selective accuracy and coverage at the given thresholds: the "
                "difference, its interval and a two-sided p-value. Both files must hold the same "
                "test samples in the same order (the formats of `evaluate` but .npy); that is "
@@ -34,6 +36,22 @@ def _refuse_npy(*paths: str) -> None:
       raise UserError(f"{path}: compare cannot read a .npy file (it holds only the scores, and "
                       "compare takes no --labels): save the scores and labels together as an "
                       ".npz, e.g. np.savez('a.npz', probs=probs, labels=labels)")
+
+
+def _peer_comparison(a: _io.LoadedPredictions, b: _io.LoadedPredictions, settings: Settings,
+                     comp: _intervals.Comparison, args: argparse.Namespace, *, show: bool):
+  """The paired bootstrap of the peer metrics on the resamples of ``comp``; the classwise ECE
+  only when both files hold per-class probabilities."""
+  rows = [_evaluate.peer_inputs(x) for x in (a, b)]
+  if any(r.probs is None for r in rows):
+    rows = [r._replace(probs=None, labels=None) for r in rows]
+  estimates = tuple(_metrics.peer_metrics(r.scores, r.correct, settings, probs=r.probs,
+                                          labels=r.labels) for r in rows)
+  with progress_bar(args.bootstrap, "bootstrap (AUROC, AP, smooth ECE)", enabled=show,
+                    unit="resample") as bar:
+    return _intervals.peer_comparison(*rows, estimates, settings, num_resamples=args.bootstrap,
+                                      level=args.level, seed=args.seed,
+                                      resampling=comp.resampling, progress=bar.update)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     comp = _intervals.comparison((a.confidences, a.correct), (b.confidences, b.correct), settings,
                                  num_resamples=args.bootstrap, level=args.level, seed=args.seed,
                                  resampling=args.resampling, progress=bar.update)
+  comp = comp._replace(peers=_peer_comparison(a, b, settings, comp, args, show=show))
   print(f"A = {args.a}\nB = {args.b}\nn = {len(a.confidences)} (paired), {args.bootstrap} "
         f"{comp.resampling} resamples, {args.level:.0%} intervals of A - B, two-sided bootstrap "
         "p-values")
@@ -82,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
         {"command": "compare", "a": str(args.a), "b": str(args.b), "n": len(a.confidences),
          "labels_checked": not unchecked, "settings": _json.settings_json(settings),
          **_json.comparison_json(comp),
-         **_intervals.outside_json(comp.difference, comp.low, comp.high)}))
+         **_intervals.outside_json(comp.difference, comp.low, comp.high,
+                                   (comp.peers.difference, comp.peers.low, comp.peers.high))}))
     print(f"\nWrote {args.out}")
   return 0
 

@@ -11,7 +11,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 import cwsa_jax as cw
-from cwsa_jax.cli import _figures, _intervals, _io, _json, _markdown, _metrics, _output, _stream
+from cwsa_jax import _order, plots
+from cwsa_jax.cli import (_figures, _format, _intervals, _io, _json, _markdown, _metrics, _output,
+                          _stream)
 from cwsa_jax.cli._format import selected_rows, text_table
 from cwsa_jax.cli._settings import (SELECTION_CWSA, Settings, add_min_coverage_flag,
                                     check_min_coverage, parse_thresholds)
@@ -68,6 +70,25 @@ def _scoring_rules(loaded: _io.LoadedPredictions) -> _metrics.ScoringRules | Non
       nll=np.asarray(cw.nll(scores, loaded.labels, from_logits=loaded.from_logits)))
 
 
+def class_probabilities(loaded: _io.LoadedPredictions) -> np.ndarray | None:
+  """The per-class probabilities [n, K] of a file with probabilities or logits (the
+  classwise ECE), else None."""
+  if loaded.scores is None:
+    return None
+  scores = loaded.scores
+  if loaded.from_logits:
+    shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)
+  return np.clip(scores / scores.sum(axis=1, keepdims=True), 0.0, 1.0)  # as the scoring rules
+
+
+def peer_inputs(loaded: _io.LoadedPredictions) -> _intervals.PeerInputs:
+  """The rows the peer metrics (AUROC, AP, smooth and classwise ECE) are computed on."""
+  probs = class_probabilities(loaded)
+  return _intervals.PeerInputs(loaded.confidences, loaded.correct, probs=probs,
+                               labels=None if probs is None else loaded.labels)
+
+
 def load_selection(args: argparse.Namespace, evaluated: list[Path]) -> _io.LoadedPredictions | None:
   """The ``--select-on`` predictions the deployment threshold is chosen on (held out).
 
@@ -113,10 +134,12 @@ def model_report(loaded: _io.LoadedPredictions, settings: Settings, args: argpar
                                     column=args.group_by)
   if args.worst is not None:
     worst = _metrics.worst_samples(c, ok, args.worst, min(settings.thresholds))
+  rows = peer_inputs(loaded)
   return _metrics.ModelReport(
       metrics=_metrics.compute_metrics(c, ok, settings),
       threshold_choice=deployment(loaded, selection, settings, getattr(args, "select_on", None)),
-      scoring=_scoring_rules(loaded), classes=classes, groups=groups, worst=worst)
+      scoring=_scoring_rules(loaded), classes=classes, groups=groups, worst=worst,
+      peers=_metrics.peer_metrics(c, ok, settings, probs=rows.probs, labels=rows.labels))
 
 
 def output_dir(args: argparse.Namespace, paths: list[Path]) -> tuple[Path, tuple]:
@@ -147,7 +170,8 @@ def write_outputs(args: argparse.Namespace, out: Path, inputs: tuple, paths: lis
       payload["streaming"] = streaming
     if intervals is not None:
       payload["intervals"] = {**_json.intervals_json(intervals), **_intervals.outside_json(
-          _intervals.estimates(report.metrics), intervals.low, intervals.high)}
+          _intervals.estimates(report.metrics), intervals.low, intervals.high,
+          intervals.peers, unresampled=intervals.unresampled)}
     write_json_atomic(tmp / "metrics.json", payload)
     text = _markdown.evaluation_report(title=f"Evaluation of {name}", source=source,
                                        report=report, settings=settings, figures=figures,
@@ -155,6 +179,19 @@ def write_outputs(args: argparse.Namespace, out: Path, inputs: tuple, paths: lis
                                        notes=notes)
     (tmp / "report.md").write_text(text, encoding="utf-8")
   return figures
+
+
+def with_peer_intervals(intervals: _intervals.Intervals, rows: _intervals.PeerInputs,
+                        estimate: _metrics.PeerMetrics, settings: Settings, *,
+                        show: bool) -> _intervals.Intervals:
+  """``intervals`` with the peer metrics' intervals from the same resamples (its scheme, seed
+  and count)."""
+  with progress_bar(intervals.num_resamples, "bootstrap (AUROC, AP, smooth ECE)", enabled=show,
+                    unit="resample") as bar:
+    peers = _intervals.peer_intervals(
+        rows, estimate, settings, num_resamples=intervals.num_resamples, level=intervals.level,
+        seed=intervals.seed, resampling=intervals.resampling, progress=bar.update)
+  return intervals._replace(peers=peers)
 
 
 def print_intervals(report: _metrics.ModelReport, intervals: _intervals.Intervals | None,
@@ -173,8 +210,113 @@ def print_written(args: argparse.Namespace, out: Path, figures: list) -> None:
         + ("" if args.no_figures else f" and {len(figures)} figures"))
 
 
+REAL_NOTE = ("--scores real: the scores are real-valued, so only the order-based metrics are "
+             "reported (AUROC, FPR@95%TPR, the average precision of success and of error, AURC, "
+             "E-AURC, AUGRC, the risk-coverage curve); the probability metrics (ECE, smooth "
+             "and classwise ECE, CWSA, CWSA+, the threshold sweep, AUMCC, Brier, NLL, the "
+             "deployment threshold) are omitted.")
+# The metrics --scores real reports (metrics.json, with intervals).
+REAL_METRICS = ("accuracy", "aurc", "eaurc", "augrc") + _metrics.ORDER_PEERS
+
+
+def _run_real(args: argparse.Namespace, settings: Settings) -> int:
+  """``evaluate --scores real``: the order-based metrics of real-valued scores."""
+  refused = [(args.stream, "--stream"), (args.select_on is not None, "--select-on"),
+             (args.group_by is not None, "--group-by"), (args.worst is not None, "--worst"),
+             (args.labels is not None, "--labels")]
+  for given, flag in refused:
+    if given:
+      raise UserError(f"--scores real does not take {flag}: it reports only the order-based "
+                      "metrics (no threshold grid, breakdowns or deployment threshold)")
+  if args.chunk_rows is not None:
+    raise UserError("--chunk-rows goes with --stream (the rows are read in chunks anyway)")
+  _intervals.check_bootstrap_flags(args, allow_zero=True)
+  resampling = _intervals.resampling_scheme(settings, args.resampling)
+  paths = _io.expand_inputs(args.files)
+  out, inputs = output_dir(args, paths)
+  show = progress_enabled(args)
+  name = _io.inputs_name(paths)
+  with stage(f"loading {name}", enabled=show):
+    loaded = _io.load_real_scores(paths)
+  s, ok = loaded.scores, loaded.correct
+  summary = cw.risk_coverage_summary(s, ok, convention=settings.aurc_convention)
+  peers = _metrics.peer_metrics(s, ok, settings, real=True)
+  values = {"n": int(ok.size), "accuracy": np.float32(ok.mean()),
+            **{k: getattr(summary, k) for k in ("aurc", "eaurc", "augrc")},
+            **{k: getattr(peers, k) for k in _metrics.ORDER_PEERS}}
+  args.bootstrap = _intervals.bootstrap_resamples(args, ok.size, refuse=False)
+  intervals = None
+  if args.bootstrap:
+    # The intervals resample float32 stand-ins in (0, 1) that order and tie exactly like the
+    # scores (_order.stand_ins): every reported metric depends on that order alone.
+    stand_ins = np.asarray(_order.stand_ins(s)[0], np.float32)
+    with progress_bar(args.bootstrap, "bootstrap", enabled=show, unit="resample") as bar:
+      intervals = _intervals.evaluation_intervals(
+          stand_ins, ok, settings, num_resamples=args.bootstrap, level=args.level,
+          seed=args.seed, resampling=resampling, progress=bar.update)
+    intervals = with_peer_intervals(intervals, _intervals.PeerInputs(stand_ins, ok, real=True),
+                                    peers, settings, show=show)
+  only = frozenset(REAL_METRICS)
+  rows = [["n", str(values["n"])]] + [[k, _format.fmt(values[k])] for k in REAL_METRICS]
+  interval_rows = [] if intervals is None else _real_interval_rows(values, intervals)
+  with _output.atomic_output_dir(out, force=args.force, inputs=inputs, command="evaluate") as tmp:
+    figures = [] if args.no_figures else _real_figure(tmp, s, ok, name, values)
+    payload = {"command": "evaluate", **({"file": str(paths[0])} if len(paths) == 1 else {}),
+               "files": [str(path) for path in paths], "source": loaded.source,
+               "scores": _io.REAL_SCORES, "note": REAL_NOTE,
+               "settings": {"aurc_convention": settings.aurc_convention},
+               **{k: _json.plain(v) for k, v in values.items()}}
+    if intervals is not None:
+      estimate = _intervals.IntervalMetrics(*([np.nan] * len(_intervals.IntervalMetrics._fields)))
+      estimate = estimate._replace(**{k: values[k] for k in ("accuracy", "aurc", "eaurc", "augrc")})
+      payload["intervals"] = {**_json.intervals_json(intervals, only), **_intervals.outside_json(
+          estimate, intervals.low, intervals.high, intervals.peers, only)}
+    write_json_atomic(tmp / "metrics.json", payload)
+    (tmp / "report.md").write_text(_markdown.real_scores_report(
+        title=f"Evaluation of {name}", source=loaded.source, note=REAL_NOTE, rows=rows,
+        figures=figures, intervals=intervals, interval_rows=interval_rows,
+        convention=settings.aurc_convention), encoding="utf-8")
+  print(f"{loaded.source}: n = {ok.size}")
+  print(text_table(("metric", "value"), rows[1:]))
+  print(textwrap.fill(REAL_NOTE, width=100))
+  if intervals is not None:
+    print(f"\n{intervals.level:.0%} percentile-bootstrap intervals "
+          f"({intervals.num_resamples} {intervals.resampling} resamples, seed {intervals.seed}):")
+    print(text_table(("metric", "value", "low", "high"), interval_rows))
+    for note in _intervals.outside_notes(interval_rows):
+      print(textwrap.fill(note, width=100))
+  print_written(args, out, figures)
+  return 0
+
+
+def _real_interval_rows(values: dict, intervals: _intervals.Intervals) -> list[list[str]]:
+  """(metric, value, low, high) rows of the metrics --scores real reports."""
+  rows = []
+  for name in REAL_METRICS:
+    source = intervals.peers if name in _metrics.ORDER_PEERS else intervals
+    low, high = (float(getattr(getattr(source, end), name)) for end in ("low", "high"))
+    value = float(values[name])
+    outside = _intervals.outside_interval(*(_intervals.IntervalMetrics(*[x] * 9)
+                                            for x in (value, low, high))).accuracy
+    rows.append([name, _intervals.marked(f"{value:.5f}", outside), f"{low:.5f}",
+                 f"{high:.5f}"])
+  return rows
+
+
+def _real_figure(folder: Path, scores: np.ndarray, correct: np.ndarray, name: str,
+                 values: dict) -> list[tuple[str, str]]:
+  """risk_coverage.png of real-valued scores (the only figure that needs just their order)."""
+  label = f"{name} (AURC {_format.fmt(values['aurc'])}, AUGRC {_format.fmt(values['augrc'])})"
+  fig = plots.risk_coverage({name: cw.risk_coverage_curve(scores, correct)},
+                            title=f"{name}: risk-coverage curves", labels={name: label})
+  plots.save(fig, folder / "risk_coverage.png")
+  return [("risk_coverage.png", _figures.RISK_COVERAGE_CAPTION)]
+
+
 def run(args: argparse.Namespace) -> int:
   settings = settings_from_args(args)
+  if args.scores == _io.REAL_SCORES:
+    return _run_real(args, settings)
   if args.stream:
     return _run_streamed(args, settings)
   if args.chunk_rows is not None:
@@ -203,6 +345,8 @@ def run(args: argparse.Namespace) -> int:
       intervals = _intervals.evaluation_intervals(
           loaded.confidences, loaded.correct, settings, num_resamples=args.bootstrap,
           level=args.level, seed=args.seed, resampling=resampling, progress=bar.update)
+    intervals = with_peer_intervals(intervals, peer_inputs(loaded), report.peers, settings,
+                                    show=show)
   figures = write_outputs(
       args, out, inputs, paths, source=loaded.source, report=report, settings=settings,
       intervals=intervals, draw=lambda tmp: _figures.model_figures(
@@ -217,7 +361,8 @@ def run(args: argparse.Namespace) -> int:
 def print_summary(source: str, report: _metrics.ModelReport, settings: Settings) -> None:
   metrics = report.metrics
   print(f"{source}: n = {metrics.n}")
-  print(text_table(("metric", "value"), _markdown.scalar_rows(metrics, report.scoring)[1:]))
+  print(text_table(("metric", "value"),
+                   _markdown.scalar_rows(metrics, report.scoring, report.peers)[1:]))
   print(textwrap.fill(_markdown.aumcc_note(metrics, settings), width=100))
   print()
   indices = selected_rows(metrics.sweep.thresholds)
@@ -280,11 +425,16 @@ per group with --group-by COLUMN (CSV), and lists the most confident mistakes wi
                  "sorted) are read as one evaluation: the same columns, rows concatenated in order")
   add_output_flags(p, default_out=DEFAULT_OUT)
   p.add_argument("--labels", metavar="FILE.npy", help="labels for a .npy scores file")
-  p.add_argument("--scores", choices=_io.SCORE_KINDS, default="auto",
+  p.add_argument("--scores", choices=_io.SCORE_KINDS + (_io.REAL_SCORES,), default="auto",
                  help="how to read a score matrix: probabilities or logits (default: auto: "
                  "probabilities when the values lie in [0, 1] and rows sum to 1, logits when "
                  "some value lies outside [0, 1]; a .npy matrix in [0, 1] whose rows do not sum "
-                 "to 1 is refused)")
+                 "to 1 is refused); real: the files hold real-valued scores (a max logit, a "
+                 "negative energy; higher = more likely correct), a CSV with a score (or "
+                 "confidence) column and correct (or y_true, y_pred), or an .npz with scores "
+                 "and correct: only the order-based metrics are reported (AUROC, FPR@95%%TPR, "
+                 "average precision, AURC, E-AURC, AUGRC, risk-coverage curve), not ECE, CWSA, "
+                 "Brier and the other probability metrics")
   p.add_argument("--thresholds", metavar="SPEC",
                  help="threshold grid: START:STOP:STEP (inclusive), linspace:START:STOP:NUM or "
                  "a comma-separated list (default 0.5:0.99:0.01)")
@@ -353,11 +503,18 @@ def _run_streamed(args: argparse.Namespace, settings: Settings) -> int:
     intervals, bootstrap_passes = _stream.streamed_intervals(
         paths, result, settings, chunk_rows, args, first_pass=passes + 1,
         budget=min(budget, _stream.BOOTSTRAP_RANGE_ROWS), show=show)
+  peers = _stream.stream_peers(result, areas)
+  if intervals is not None:  # the streamed bootstrap does not resample the peer metrics
+    intervals = intervals._replace(unresampled=tuple(
+        name for name, value in peers._asdict().items() if value is not None))
   report = _metrics.ModelReport(metrics=_stream.stream_metrics(result, summary, settings),
                                 threshold_choice=_stream.deployment(result, selection, settings,
-                                                                    args.select_on))
+                                                                    args.select_on),
+                                peers=peers)
   source = _io.table_source(paths, result.labels)
   notes = _stream.notes(result, passes, chunk_rows)
+  if intervals is not None and intervals.unresampled:
+    notes.append(_intervals.unresampled_note(intervals.unresampled))
   streaming_json = {"chunk_rows": chunk_rows, "sort_rows": budget, "passes": passes,
                     "bootstrap_passes": bootstrap_passes, "aurc_exact": True,
                     "distinct_confidences": areas.groups,

@@ -605,3 +605,134 @@ def _from_scores(path: Path, scores: np.ndarray, labels_path: Path, labels: np.n
   correct = scores.argmax(axis=1) == labels
   return LoadedPredictions(confidences.astype(np.float32), correct, source, num_classes,
                            scores, labels, kind == "logits")
+
+
+# --------------------------------------------------------------------------
+# Real-valued scores (evaluate --scores real)
+# --------------------------------------------------------------------------
+
+REAL_SCORES = "real"  # evaluate's --scores choice for real-valued score columns
+SCORE_COLUMNS = ("score", "confidence")  # the column read as the score, the first present
+_DELIMITERS = (",", ";", "\t", "|")
+
+
+class RealScores(NamedTuple):
+  """Real-valued scores (a logit, a negative energy: higher means more likely correct).
+
+  Attributes:
+    scores: float64 [n], any finite values.
+    correct: bool [n].
+    source: a short description of what was read (for reports).
+  """
+  scores: np.ndarray
+  correct: np.ndarray
+  source: str
+
+
+def load_real_scores(paths: Sequence[str | os.PathLike]) -> RealScores:
+  """Reads real-valued scores and correctness from CSV or ``.npz`` files (rows concatenated).
+
+  A CSV has a header naming a ``score`` column (else ``confidence``) and ``correct`` (0/1,
+  true/false) or ``y_true`` and ``y_pred``; an ``.npz`` holds ``scores`` (or
+  ``confidences``) [n] and ``correct`` [n]. Scores are read as float64 and need only be finite.
+
+  Raises:
+    UserError: a missing or unreadable file, another file type, a missing column or key, a
+      score that is not a finite number, correctness other than 0/1; one line naming the file.
+  """
+  parts = []
+  for path in (Path(p) for p in paths):
+    ext = _checked_extension(path)
+    if ext == ".csv":
+      parts.append(_real_csv(path))
+    elif ext == ".npz":
+      parts.append(_real_npz(path))
+    else:
+      raise UserError(f"{path}: --scores real reads .csv and .npz files (a score column or "
+                      f"array and correctness), not {ext} files")
+  scores = np.concatenate([p[0] for p in parts])
+  correct = np.concatenate([p[1] for p in parts])
+  source = (f"{inputs_name(paths)}: real-valued scores, correct" if len(parts) > 1 else
+            f"{Path(paths[0]).name} (real-valued scores, correct)")
+  return RealScores(scores, correct, source)
+
+
+def _real_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
+  try:
+    archive = np.load(path, allow_pickle=False)
+  except (zipfile.BadZipFile, ValueError, EOFError, OSError) as e:
+    raise UserError(f"{path}: not a valid .npz file ({e})") from None
+  if not isinstance(archive, np.lib.npyio.NpzFile):
+    raise UserError(f"{path}: not an .npz archive (it holds a single array)")
+  with archive:
+    name = next((k for k in ("scores", "confidences") if k in archive.files), None)
+    if name is None or "correct" not in archive.files:
+      raise UserError(f"{path}: --scores real expects the keys scores (or confidences) and "
+                      f"correct; found {', '.join(sorted(archive.files)) or 'none'}")
+    scores = _numeric(path, _npz_member(path, archive, name), name)
+    correct = _as_bool(path, _npz_member(path, archive, "correct"), "correct")
+  if scores.ndim != 1 or scores.size == 0 or correct.shape != scores.shape:
+    raise UserError(f"{path}: {name} and correct must be non-empty 1-D arrays of the same "
+                    f"length, got shapes {scores.shape} and {correct.shape}")
+  return scores, correct
+
+
+_TRUE_CELLS = {"1", "1.0", "true", "t", "yes"}
+_FALSE_CELLS = {"0", "0.0", "false", "f", "no"}
+
+
+def _real_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
+  import csv  # only this reader needs it
+  try:
+    with open(path, newline="", encoding="utf-8-sig") as f:
+      lines = list(csv.reader(f, delimiter=_real_delimiter(path, f)))
+  except (OSError, UnicodeDecodeError, csv.Error) as e:
+    raise UserError(f"{path}: cannot read: {e}") from None
+  header = [cell.strip().lower() for cell in lines[0]]
+  score = next((header.index(c) for c in SCORE_COLUMNS if c in header), None)
+  has_labels = "y_true" in header and "y_pred" in header
+  if score is None or ("correct" not in header and not has_labels):
+    raise UserError(f"{path}: --scores real needs a header with score (or confidence) and "
+                    f"correct (or y_true and y_pred) columns, found {','.join(header)}")
+  columns = ([header.index("correct")] if "correct" in header else
+             [header.index("y_true"), header.index("y_pred")])
+  scores, correct = [], []
+  for number, row in enumerate(lines[1:], start=2):
+    if not any(cell.strip() for cell in row):
+      continue  # blank line
+    if len(row) <= max(score, *columns):
+      raise UserError(f"{path}: line {number}: {len(row)} cells, the header has {len(header)}")
+    cell = row[score].strip()
+    try:
+      value = float(cell)
+    except ValueError:
+      value = float("nan")
+    if not np.isfinite(value):
+      raise UserError(f"{path}: line {number}: score {cell[:60]!r} is not a finite number")
+    scores.append(value)
+    correct.append(_real_correct(path, number, [row[j].strip() for j in columns]))
+  if not scores:
+    raise UserError(f"{path}: no data rows")
+  return np.asarray(scores, np.float64), np.asarray(correct, bool)
+
+
+def _real_delimiter(path: Path, f) -> str:
+  """The first delimiter that splits the header into more than one cell."""
+  first = f.readline()
+  f.seek(0)
+  for delimiter in _DELIMITERS:
+    if delimiter in first:
+      return delimiter
+  raise UserError(f"{path}: the header has no , ; TAB or | delimiter")
+
+
+def _real_correct(path: Path, number: int, cells: list[str]) -> bool:
+  if len(cells) == 2:  # y_true, y_pred: equal labels (numbers compared as numbers)
+    try:
+      return float(cells[0]) == float(cells[1])
+    except ValueError:
+      return cells[0] == cells[1]
+  value = cells[0].lower()
+  if value in _TRUE_CELLS or value in _FALSE_CELLS:
+    return value in _TRUE_CELLS
+  raise UserError(f"{path}: line {number}: correct {cells[0][:60]!r} is not 0/1 or true/false")

@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from cwsa_jax.cli._intervals import Comparison, Intervals
-from cwsa_jax.cli._metrics import IN_SAMPLE, Deployment, GroupBreakdown, Metrics, ModelReport
+from cwsa_jax.cli._intervals import Comparison, Intervals, unresampled_note
+from cwsa_jax.cli._metrics import (IN_SAMPLE, Deployment, GroupBreakdown, Metrics, ModelReport,
+                                   PeerMetrics)
 from cwsa_jax.cli._settings import SELECTION_METRIC, Settings, aumcc_caveat
 
 
@@ -110,6 +111,8 @@ def report_json(report: ModelReport) -> dict[str, Any]:
   out = metrics_json(report.metrics)
   if report.scoring is not None:
     out.update(plain(report.scoring))
+  if report.peers is not None:
+    out.update(peers_json(report.peers))
   out["threshold_choice"] = deployment_json(report.threshold_choice)
   for name in ("classes", "groups"):
     if getattr(report, name) is not None:
@@ -119,24 +122,49 @@ def report_json(report: ModelReport) -> dict[str, Any]:
   return out
 
 
-def _per_metric(values: Any) -> dict[str, Any]:
-  # By metric name in alphabetical order, as the bootstrap's dictionaries came out before.
-  return {name: _tolist(value) for name, value in sorted(values._asdict().items())}
+def peers_json(peers: PeerMetrics) -> dict[str, Any]:
+  """The peer metrics that apply (``smooth_ece`` not for real-valued scores, ``classwise_ece``
+  only with per-class probabilities: a metric that does not apply is left out, as Brier and
+  NLL are)."""
+  return {name: plain(value) for name, value in peers._asdict().items() if value is not None}
 
 
-def intervals_json(intervals: Intervals) -> dict[str, Any]:
+def _per_metric(values: Any, peers: PeerMetrics | None = None,
+                only: frozenset[str] | None = None) -> dict[str, Any]:
+  # By metric name in alphabetical order, as the bootstrap's dictionaries came out before;
+  # the peer metrics that apply join them in that order; ``only``: the metrics reported.
+  items = dict(values._asdict())
+  if peers is not None:
+    items.update((k, v) for k, v in peers._asdict().items() if v is not None)
+  return {name: _tolist(value) for name, value in sorted(items.items())
+          if only is None or name in only}
+
+
+def intervals_json(intervals: Intervals, only: frozenset[str] | None = None) -> dict[str, Any]:
   """``method``, ``resampling``, ``level``, ``num_resamples``, ``seed`` and the ``low`` /
-  ``high`` ends."""
-  return {"method": "percentile bootstrap", "resampling": intervals.resampling,
-          "level": intervals.level,
-          "num_resamples": intervals.num_resamples, "seed": intervals.seed,
-          "low": _per_metric(intervals.low), "high": _per_metric(intervals.high)}
+  ``high`` ends (the peer metrics' too, from the same resamples; ``only``: of these metrics)."""
+  peers = intervals.peers
+  ends = {}
+  for end in ("low", "high"):
+    values = _per_metric(getattr(intervals, end), None if peers is None else getattr(peers, end),
+                         only)
+    # Metrics reported without an interval (--stream's peer metrics): null ends, in order.
+    values.update((name, None) for name in intervals.unresampled)
+    ends[end] = dict(sorted(values.items()))
+  out = {"method": "percentile bootstrap", "resampling": intervals.resampling,
+         "level": intervals.level,
+         "num_resamples": intervals.num_resamples, "seed": intervals.seed, **ends}
+  if intervals.unresampled:
+    out["note"] = unresampled_note(intervals.unresampled)
+  return out
 
 
 def comparison_json(comparison: Comparison) -> dict[str, Any]:
   """The paired bootstrap: A, B, A - B, its interval and p-value of every metric."""
+  peers = comparison.peers
   return {"method": "paired percentile bootstrap", "resampling": comparison.resampling,
           "level": comparison.level,
           "num_resamples": comparison.num_resamples, "seed": comparison.seed,
-          **{name: _per_metric(getattr(comparison, name))
+          **{name: _per_metric(getattr(comparison, name),
+                               None if peers is None else getattr(peers, name))
              for name in ("estimate_a", "estimate_b", "difference", "low", "high", "p_value")}}

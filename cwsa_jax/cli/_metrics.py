@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 import cwsa_jax as cw
-from cwsa_jax import _select
+from cwsa_jax import _select, _smooth_ece
 from cwsa_jax._aumcc import area
 from cwsa_jax.cli._settings import SELECTION_METRIC, Settings
 
@@ -152,6 +153,226 @@ class WorstSamples(NamedTuple):
   samples: tuple[WorstSample, ...]
 
 
+class PeerMetrics(NamedTuple):
+  """The failure-detection and calibration metrics other kits report (float32 scalars [...]).
+
+  ``auroc``, ``fpr_at_95tpr`` (:func:`cwsa_jax.fpr_at_tpr` at 0.95) and the average
+  precision with the correct predictions (``average_precision_success``) or the wrong ones
+  (``average_precision_error``, ranked by the negated score) as positives depend only on the
+  order of the scores; ``smooth_ece`` (automatic bandwidth) needs confidences in [0, 1] (None
+  for real-valued scores); ``classwise_ece`` (the report's bins, norm and binning) needs
+  per-class probabilities (None without them: the key is then left out of metrics.json).
+  """
+  auroc: Any
+  fpr_at_95tpr: Any
+  average_precision_success: Any
+  average_precision_error: Any
+  smooth_ece: Any = None
+  classwise_ece: Any = None
+
+
+PEERS = PeerMetrics._fields
+PEER_LABELS = {"auroc": "AUROC", "fpr_at_95tpr": "FPR@95%TPR",
+               "average_precision_success": "AP (success)", "average_precision_error": "AP (error)",
+               "smooth_ece": "smooth ECE", "classwise_ece": "classwise ECE"}
+# The fields that depend only on the order of the scores (all that real-valued scores get).
+ORDER_PEERS = PEERS[:4]
+FPR_TARGET = 0.95  # fpr_at_95tpr
+
+
+def _float32_of_int(x: int) -> np.float32:
+  """float32 of the integer ``x >= 0``, rounded once to nearest even (as ``_exact.exact_float``;
+  a float64 step would round twice above 2^53)."""
+  x = int(x)
+  shift = max(x.bit_length() - 24, 0)
+  q, r = divmod(x, 1 << shift)
+  half = (1 << shift) >> 1
+  if shift and (r > half or (r == half and q & 1)):
+    q += 1
+  return np.float32(np.ldexp(float(q), shift))
+
+
+_SLACKED_TARGET = np.float32(FPR_TARGET) - np.float32(2.0**-22)  # _ranking's float32 rate test
+_AP_UNIT = 48  # _ranking sums each float32 term truncated to 4 base-4096 digits (2^-48)
+
+
+def fewest_correct(num_correct: int) -> int:
+  """The least ``A`` in [0, P] with ``f32(A) / f32(max(P, 1)) >= f32(0.95) - 2^-22`` (``P + 1``
+  where none): the rate test of ``cwsa_jax.fpr_at_tpr``, monotone in ``A``."""
+  total = np.float32(max(num_correct, 1))
+  low, high = 0, num_correct + 1
+  while low < high:
+    mid = (low + high) // 2
+    if np.float32(mid) / total >= _SLACKED_TARGET:
+      high = mid
+    else:
+      low = mid + 1
+  return high
+
+
+def _truncated_units(terms: np.ndarray) -> int:
+  """The sum of float32 ``terms`` in [0, 1], each truncated to a multiple of 2^-48, in units of
+  2^-48 (exact: float64 holds each term times 2^48, int64 their sum)."""
+  return int(np.sum(np.floor(np.ldexp(terms.astype(np.float64), _AP_UNIT)).astype(np.int64)))
+
+
+class RankSums:
+  r"""Exact integer sums over tie groups that give AUROC, FPR@95%TPR and both average
+  precisions bit for bit as :mod:`cwsa_jax._ranking` computes them (NumPy, on the host).
+
+  A tie group has ``count`` rows, ``errors`` of them wrong, and ``rows_before`` rows with
+  ``errors_before`` errors scoring above it; the groups may come in any order and any number
+  of :meth:`add` calls, so a streamed pass and one in-memory sort give the same values.
+  With ``P`` correct and ``N`` wrong of ``n`` rows, group ``g`` holding ``p_g`` correct and
+  ``e_g`` wrong, ``E_g`` wrong and ``R_g`` rows at or above it (``E_g - e_g``, ``R_g -
+  p_g - e_g`` above it), ``C_g = R_g - E_g``:
+
+  .. math::
+    2 P N \,\mathrm{AUROC} = \sum_g p_g (2 (N - E_g) + e_g),\qquad
+    \mathrm{FPR} = \min_{g:\,C_g \ge A} E_g / N,\\
+    \mathrm{AP}_{success} = \sum_g \frac{p_g}{P} \frac{C_g}{R_g},\qquad
+    \mathrm{AP}_{error} = \sum_g \frac{e_g}{N} \frac{N - E_g + e_g}{n - R_g + p_g + e_g}
+
+  (``A``: :func:`fewest_correct`); the AP terms are float32 products truncated to
+  multiples of 2^-48 and summed exactly, as the library does; each result is rounded once.
+  """
+
+  def __init__(self, n: int, num_errors: int):
+    self.n, self.num_errors = int(n), int(num_errors)
+    self.num_correct = self.n - self.num_errors
+    self.need = fewest_correct(self.num_correct)
+    self.twice_pairs = self.ap_success = self.ap_error = 0
+    self.fewest_wrong = self.num_errors
+
+  def add(self, count: Any, errors: Any, rows_before: Any, errors_before: Any) -> None:
+    count, errors, rows_before, errors_before = (np.asarray(x, np.int64) for x in (
+        count, errors, rows_before, errors_before))
+    if count.size == 0:
+      return
+    n, big_p, big_n = self.n, self.num_correct, self.num_errors
+    right = count - errors
+    wrong_through = errors_before + errors  # E_g
+    rows_through = rows_before + count  # R_g
+    right_through = rows_through - wrong_through  # C_g
+    # Each product is below 2 n^2 and the sums below n^2 / 2: int64 for n < 2^31.
+    self.twice_pairs += int(np.sum(right * (2 * (big_n - wrong_through) + errors)))
+    reaches = right_through >= self.need
+    if reaches.any():
+      self.fewest_wrong = min(self.fewest_wrong, int(wrong_through[reaches].min()))
+    f32 = lambda x: x.astype(np.float32)  # noqa: E731
+    # XLA rewrites the library's division of the gains by the scalar P (N) as a product with
+    # its reciprocal: the same float32 steps here.
+    success = (f32(right) * (np.float32(1) / np.float32(max(big_p, 1)))) * (
+        f32(right_through) / f32(np.maximum(rows_through, 1)))
+    error = (f32(errors) * (np.float32(1) / np.float32(max(big_n, 1)))) * (
+        f32(big_n - errors_before) / f32(np.maximum(n - rows_before, 1)))
+    self.ap_success += _truncated_units(success)
+    self.ap_error += _truncated_units(error)
+
+  def result(self) -> PeerMetrics:
+    """The four order metrics (float32 scalars; NaN where ``cwsa_jax._ranking`` gives NaN)."""
+    big_p, big_n = self.num_correct, self.num_errors
+    nan = np.float32(np.nan)
+    pairs = np.float32(2.0) * np.float32(big_p) * np.float32(big_n)
+    auroc = _float32_of_int(self.twice_pairs) / max(pairs, np.float32(1.0))
+    fpr = np.float32(self.fewest_wrong) / np.float32(max(big_n, 1))
+    ap = lambda units: np.float32(np.ldexp(_float32_of_int(units), -_AP_UNIT))  # noqa: E731
+    return PeerMetrics(
+        auroc=auroc if pairs > 0 else nan, fpr_at_95tpr=fpr if big_p and big_n else nan,
+        average_precision_success=ap(self.ap_success) if big_p else nan,
+        average_precision_error=ap(self.ap_error) if big_n else nan)
+
+
+def rank_metrics(scores: Any, correct: Any) -> PeerMetrics:
+  """AUROC, FPR@95%TPR and both average precisions of [n] ``scores`` (any real dtype, ordered
+  by its own values; ties are tie groups) and ``correct``, bit for bit the library's values
+  (:class:`RankSums` of one sort on the host, no compiled program)."""
+  ok = np.asarray(correct, bool).reshape(-1)
+  distinct, group = np.unique(np.asarray(scores).reshape(-1), return_inverse=True)
+  group = group.reshape(-1)
+  # Groups in decreasing score order: counts, errors and the prefix sums above each.
+  count = np.bincount(group, minlength=distinct.size)[::-1].astype(np.int64)
+  errors = np.bincount(group[~ok], minlength=distinct.size)[::-1].astype(np.int64)
+  sums = RankSums(ok.size, int(errors.sum()))
+  sums.add(count, errors, np.cumsum(count) - count, np.cumsum(errors) - errors)
+  return sums.result()
+
+
+def mesh_sums(confidences: Any, correct: Any) -> np.ndarray:
+  """float32 [2, L + 1] residuals ``c - kappa`` and counts spread onto the smooth ECE's mesh by
+  linear interpolation, bit for bit ``_smooth_ece._mesh_sums`` (NumPy on the host).
+
+  Row ``r`` with ``x = 8000 c`` and ``f = x - floor(x)`` adds ``w_r (1 - f)`` at node
+  ``floor(x)`` and ``w_r f`` at the next; ``np.add.at`` adds in row order, first every
+  ``1 - f`` share and then every ``f`` share, as XLA's scatter-adds do, so the float32
+  sums round alike.
+  """
+  size = _smooth_ece._MESH_INTERVALS
+  c = np.asarray(confidences, np.float32).reshape(-1)
+  x = c * np.float32(size)
+  cell = np.clip(np.floor(x), 0, size - 1)
+  frac = x - cell
+  cell = cell.astype(np.int64)
+  weights = (c - np.asarray(correct, np.float32).reshape(-1), np.ones_like(c))
+  out = np.zeros((2, size + 1), np.float32)
+  for row, w in enumerate(weights):
+    np.add.at(out[row], cell, w * (np.float32(1) - frac))
+    np.add.at(out[row], cell + 1, w * frac)
+  return out
+
+
+def _smooth_ece_from_sums(sums):
+  """smooth_ece (automatic bandwidth) of one row's mesh sums [2, L + 1]: the library's own
+  spectrum, bandwidth and error (``_smooth_ece._row`` after its ``_mesh_sums``)."""
+  spectrum, near = _smooth_ece._spectrum(sums), _smooth_ece._boundary_nodes(sums)
+  return _smooth_ece._smoothed_error(_smooth_ece._bandwidth(spectrum, near), spectrum, near)
+
+
+# Mesh sums per call of the smooth ECE program: one shape for every n, every resample block and
+# the point estimate (cw.smooth_ece compiles per n).
+SMOOTH_BATCH = 8
+
+
+@jax.jit
+def _smooth_ece_batch(sums: jax.Array) -> jax.Array:
+  # lax.map, not vmap: each row's steps as the library's (a batched FFT and batched sums
+  # round differently, by about 1e-8).
+  return jax.lax.map(_smooth_ece_from_sums, sums)
+
+
+def smooth_ece_of_sums(sums: Any) -> np.ndarray:
+  """float32 [...] smooth ECE (automatic bandwidth) of float32 mesh sums [..., 2, L + 1], each
+  bit for bit ``cw.smooth_ece`` of the rows they were summed from (:func:`mesh_sums`)."""
+  sums = np.asarray(sums, np.float32)
+  flat = sums.reshape((-1,) + sums.shape[-2:])
+  count = flat.shape[0]
+  flat = np.concatenate([flat, np.zeros((-count % SMOOTH_BATCH,) + flat.shape[1:], np.float32)])
+  out = [np.asarray(_smooth_ece_batch(flat[i:i + SMOOTH_BATCH]))
+         for i in range(0, flat.shape[0], SMOOTH_BATCH)]
+  return np.concatenate(out)[:count].reshape(sums.shape[:-2])
+
+
+def peer_metrics(scores: Any, correct: Any, settings: Settings, *, probs: Any = None,
+                 labels: Any = None, real: bool = False) -> PeerMetrics:
+  """:class:`PeerMetrics` of [n] ``scores`` (confidences, or real-valued scores with ``real``)
+  and ``correct``; ``probs`` [n, K] and ``labels`` [n] give the classwise ECE."""
+  ok = np.asarray(correct, bool)
+  s = np.asarray(scores)  # float64 real scores keep their own order (np.unique ranks them)
+  as_np = lambda x: np.asarray(x, np.float32)  # noqa: E731
+  # The order metrics from exact sums on the host: the library's values, bit for bit, without
+  # compiling its four programs for each new n.
+  out = rank_metrics(s, ok)
+  if real:
+    return out
+  # cw.smooth_ece's value, bit for bit (its mesh sums on the host, then its own steps).
+  out = out._replace(smooth_ece=as_np(smooth_ece_of_sums(mesh_sums(s, ok))))
+  if probs is not None and labels is not None:
+    out = out._replace(classwise_ece=as_np(cw.classwise_ece(
+        np.asarray(probs, np.float32), np.asarray(labels, np.int32), num_bins=settings.num_bins,
+        norm=settings.ece_norm, binning=settings.binning)))
+  return out
+
+
 class ModelReport(NamedTuple):
   """What ``evaluate`` reports about one model."""
   metrics: Metrics
@@ -160,6 +381,7 @@ class ModelReport(NamedTuple):
   classes: GroupBreakdown | None = None
   groups: GroupBreakdown | None = None
   worst: WorstSamples | None = None
+  peers: PeerMetrics | None = None
 
 
 def compute_metrics(confidences: Any, correct: Any, settings: Settings) -> Metrics:

@@ -12,7 +12,8 @@ sorts (:data:`DEFAULT_SORT_ROWS`, 4 bytes each), not by the files:
   equal-width bins) and the count of correct rows (accuracy). It also builds a
   histogram of :func:`~cwsa_jax.streaming.confidence_key` (the bins of a
   :class:`~cwsa_jax.streaming.RiskCoverageState`, ``2^8`` per octave): per bin the
-  row count, the errors and the smallest and largest key, as exact integers.
+  row count, the errors and the smallest and largest key, as exact integers; and the
+  smooth ECE's mesh sums (:func:`mesh_sums`, float64, additive over chunks).
 * **Pass 2** (and more if needed) makes AURC, AUGRC and E-AURC exact. A bin whose
   rows share one confidence (smallest key = largest key) is one tie group, known
   from pass 1. The other bins are taken in descending confidence order, as many
@@ -25,7 +26,9 @@ sorts (:data:`DEFAULT_SORT_ROWS`, 4 bytes each), not by the files:
   pass 1's histogram plus the groups before it in its own bin, so the passes are
   independent. Area terms are summed in float64 and give the in-memory
   :func:`~cwsa_jax.risk_coverage_summary` (``"step"`` or ``"trapezoid"``) to its
-  float32 precision.
+  float32 precision. The same tie groups give AUROC, FPR@95%TPR and both average
+  precisions exactly (:class:`~cwsa_jax.cli._metrics.RankSums`: integer sums, each group
+  on its own, so the order of the passes does not matter), bit for bit the in-memory values.
 
 * **Bootstrap intervals** (Poisson resampling only): the bins are taken in
   descending confidence order again, all of them, as many as hold at most
@@ -34,7 +37,9 @@ sorts (:data:`DEFAULT_SORT_ROWS`, 4 bytes each), not by the files:
   order) and adds them to a
   :class:`~cwsa_jax._bootstrap.StreamedEvaluationBootstrap`: every row gets the
   Poisson multiplicities the in-memory ``evaluate`` gives it, so the intervals are
-  the in-memory ones (to float32 rounding of the area sums).
+  the in-memory ones (to float32 rounding of the area sums). The peer metrics (AUROC,
+  FPR@95%TPR, the average precisions, smooth ECE) get null intervals with a note: that
+  bootstrap does not resample them.
 
 Everything that needs all rows at once is refused with one line (``--binning
 mass``, ``--worst``, ``--group-by``, ``--aurc published_code``, whose tie order is
@@ -54,7 +59,7 @@ import jax
 import numpy as np
 
 import cwsa_jax as cw
-from cwsa_jax import _areas, _bootstrap, streaming
+from cwsa_jax import _areas, _bootstrap, _smooth_ece, streaming
 from cwsa_jax._states import _risk_coverage_state
 from cwsa_jax.cli import _figures, _intervals, _io, _metrics
 from cwsa_jax.cli._settings import Settings
@@ -196,6 +201,27 @@ class Scan(NamedTuple):
   sweep: streaming.SweepState
   calibration: streaming.CalibrationState
   histogram: Histogram
+  mesh: np.ndarray  # float64 [2, L + 1]: the smooth ECE's mesh sums (mesh_sums)
+
+
+def mesh_sums(c: np.ndarray, ok: np.ndarray) -> np.ndarray:
+  """float64 [2, L + 1] residuals ``c - kappa`` and counts spread onto the smooth ECE's mesh
+  by linear interpolation (``_smooth_ece._mesh_sums``: the same float32 shares of each row).
+
+  The sums are additive over chunks; float64 keeps them near the exact sums, where the
+  in-memory float32 scatter-add rounds at each row (the smooth ECE agrees to float32 rounding).
+  """
+  size = _smooth_ece._MESH_INTERVALS
+  c = np.asarray(c, np.float32)
+  x = c * np.float32(size)
+  cell = np.clip(np.floor(x), 0, size - 1)
+  frac = x - cell
+  cell = cell.astype(np.int64)
+  out = np.zeros((2, size + 1))
+  for row, weight in enumerate((c - np.asarray(ok, np.float32), np.ones_like(c))):
+    out[row] += np.bincount(cell, weight * (np.float32(1) - frac), minlength=size + 1)
+    out[row] += np.bincount(cell + 1, weight * frac, minlength=size + 1)
+  return out
 
 
 def scan(paths: list[Path], settings: Settings, chunk_rows: int, *, show: bool = False,
@@ -204,6 +230,7 @@ def scan(paths: list[Path], settings: Settings, chunk_rows: int, *, show: bool =
   sweep = streaming.SweepState.empty(settings.grid)
   calibration = streaming.CalibrationState.empty(settings.num_bins)
   histogram = Histogram.empty()
+  mesh = np.zeros((2, _smooth_ece._MESH_INTERVALS + 1))
   shards, labels, num_correct = [], [], 0
   with progress_bar(None, _pass_name(1, passes, "sweep, calibration, histogram"), enabled=show,
                     unit="row") as bar:
@@ -213,9 +240,10 @@ def scan(paths: list[Path], settings: Settings, chunk_rows: int, *, show: bool =
       calibration = calibration.merge(streaming.CalibrationState.from_batch(
           cp, okp, num_bins=settings.num_bins, mask=mask))
       histogram.add(_keys(c, chunk_rows), ok)
+      mesh += mesh_sums(c, ok)
       num_correct += int(np.count_nonzero(ok))
   return Scan(shards, labels[0], sum(s.rows for s in shards), num_correct, sweep, calibration,
-              histogram)
+              histogram, mesh)
 
 
 def _pass_name(index: int, total: int | None, what: str) -> str:
@@ -246,7 +274,8 @@ def plan(histogram: Histogram, budget: int, *, every_bin: bool = False) -> list[
 
 
 class _Areas:
-  """Running float64 sums of the area terms of tie groups, and the integers E-AURC needs.
+  """Running float64 sums of the area terms of tie groups, the integers E-AURC needs, and the
+  exact sums of the order metrics (``ranks``: AUROC, FPR@95%TPR, both average precisions).
 
   Each tie group has ``count`` rows with ``errors`` errors and ``rows_before`` rows with
   ``errors_before`` errors above it (more confident); see :func:`cwsa_jax.aurc`.
@@ -257,6 +286,7 @@ class _Areas:
     self.num_correct = n - num_errors
     self.aurc = self.augrc = 0.0
     self.errors_first_m = self.starts_after_m = self.starts_at_m1 = self.groups = 0
+    self.ranks = _metrics.RankSums(n, num_errors)
 
   def add(self, count: np.ndarray, errors: np.ndarray, rows_before: np.ndarray,
           errors_before: np.ndarray) -> None:
@@ -276,6 +306,7 @@ class _Areas:
     self.starts_after_m += int(np.count_nonzero(rows_before >= m))
     self.starts_at_m1 += int(np.count_nonzero(rows_before == m))
     self.groups += count.size
+    self.ranks.add(count, errors, rows_before, errors_before)
 
   def summary(self) -> cw.RiskCoverageSummary:
     """AURC, AUGRC and E-AURC (float64), as :func:`cwsa_jax.risk_coverage_summary` defines them
@@ -463,6 +494,14 @@ def stream_metrics(result: Scan, risk_coverage: cw.RiskCoverageSummary,
       n=result.n, accuracy=np.float32(result.num_correct / result.n),
       ece=result.calibration.compute(norm=settings.ece_norm), risk_coverage=risk_coverage,
       result=result.sweep.compute(normalize=settings.normalize), settings=settings)
+
+
+def stream_peers(result: Scan, areas: _Areas) -> _metrics.PeerMetrics:
+  """The peer metrics from the streamed sums: the order metrics exact (the in-memory values,
+  bit for bit), the smooth ECE from the mesh sums (to float32 rounding of those sums); no
+  classwise ECE (CSV and Parquet hold no per-class probabilities)."""
+  smooth = _metrics.smooth_ece_of_sums(np.asarray(result.mesh, np.float32))
+  return areas.ranks.result()._replace(smooth_ece=np.float32(smooth))
 
 
 def deployment(result: Scan, selection: Any, settings: Settings,
