@@ -22,6 +22,12 @@ Bin conventions (keyword ``binning=``):
   ``ceil(n/B)`` samples; with ties some bins hold more and some may be empty
   (repeated edges).
 
+Float64 confidences (concrete) are binned in float64 (``_threshold_order``):
+width edges ``j / B`` and mass edges ``s_{ceil(j n / B)}`` taken in float64,
+with the same rule ``e_j <= c < e_{j+1}``, through float32 stand-ins (one ulp
+away for width bins, at most B - 1 ulp for mass bins where float32 would merge
+two bins). The reported ``edges`` stay float32.
+
 Exactness and speed: the per-bin count, ``sum kappa`` and ``sum (1 - c)`` are
 exact integer sums (``_exact``; ``1 - c`` is a multiple of 2^-24 in float32),
 and each reported quantity, the signed gap ``sum_b (c - kappa)`` included, is
@@ -63,6 +69,7 @@ from cwsa_jax import _exact
 from cwsa_jax import _public
 from cwsa_jax._kernels import _sort
 from cwsa_jax import _stats
+from cwsa_jax import _threshold_order
 from cwsa_jax import _validation
 
 NORMS = ("l1", "l2", "max")
@@ -88,6 +95,19 @@ class CalibrationBins(NamedTuple):
   count: jax.Array
   mean_confidence: jax.Array
   accuracy: jax.Array
+
+
+def _float64_bins(c64: np.ndarray, arguments: dict) -> np.ndarray | None:
+  """float32 stand-ins of float64 confidences that fall in their float64 bins (None: options
+  the checks refuse, or a single bin)."""
+  num_bins, binning = arguments["num_bins"], arguments["binning"]
+  if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)) \
+      or num_bins <= 1 or binning not in BINNINGS:
+    return None
+  if binning == "width":
+    return _threshold_order.stand_ins(c64, _threshold_order.width_edges(int(num_bins)),
+                                      name="bin edges")
+  return _threshold_order.mass_stand_ins(c64, int(num_bins))
 
 
 def _check_options(num_bins: Any, binning: str, norm: str | None = None) -> None:
@@ -301,6 +321,7 @@ def _checked_run(impl, confidences: Any, correct: Any, *,
   return _validation.poison(out, rows=invalid)
 
 
+@_threshold_order.kept(_float64_bins)
 @_public.entry
 def calibration_bins(confidences: Any, correct: Any, *, num_bins: int = 15,
                      binning: str = "width") -> CalibrationBins:
@@ -341,6 +362,7 @@ def _calibration_bins(confidences: Any, correct: Any, *, num_bins: int = 15,
                       binning=binning)
 
 
+@_threshold_order.kept(_float64_bins)
 @_public.entry
 def ece(confidences: Any, correct: Any, *, num_bins: int = 15, norm: str = "l1",
         binning: str = "width") -> jax.Array:

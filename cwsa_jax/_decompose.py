@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from cwsa_jax import _public
+from cwsa_jax import _threshold_order
 from cwsa_jax import _validation
 
 METRICS = ("cwsa", "cwsa_plus")
@@ -44,6 +45,7 @@ def _contributions(confidences, correct, tau, plus):
   return Contributions(terms, retained)
 
 
+@_threshold_order.at("tau")
 @_public.entry
 def contributions(confidences, correct, tau, *, metric: str = "cwsa") -> Contributions:
   """Per-sample terms of CWSA (or CWSA+) at threshold ``tau``.
@@ -59,7 +61,8 @@ def contributions(confidences, correct, tau, *, metric: str = "cwsa") -> Contrib
   (and 0 when nothing is retained, as ``cwsa`` returns); ``terms.mean(-1)`` is
   ``cwsa(..., normalize="all")``. The terms are computed elementwise in
   float32; their float32 mean agrees with the library's exact-sum metric to
-  about 1e-6.
+  about 1e-6. Concrete float64 confidences are compared with tau in float64
+  (``_threshold_order``), so ``retained`` is the float64 retained set.
 
   Args:
     confidences: [..., n] confidences in [0, 1].

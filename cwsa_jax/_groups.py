@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from cwsa_jax import _public
 from cwsa_jax import _stats
 from cwsa_jax import _sweep
+from cwsa_jax import _threshold_order
 from cwsa_jax import _validation
 from cwsa_jax._sweep import SweepResult
 
@@ -64,6 +65,7 @@ def _sweep_by_group_1d(confidences, correct, groups, thresholds, *, num_groups, 
   return _stats.renormalize(SweepResult(thresholds, *fields), normalize)
 
 
+@_threshold_order.at("thresholds")
 @_public.entry
 def sweep_by_group(confidences, correct, groups, thresholds, *, num_groups: int,
                    normalize: str = "retained") -> SweepResult:

@@ -12,6 +12,7 @@ import numpy as np
 from cwsa_jax._kernels import _dispatch
 from cwsa_jax import _public
 from cwsa_jax import _sweep
+from cwsa_jax import _threshold_order
 from cwsa_jax import _validation
 from cwsa_jax._sweep import SCORE_FIELDS, default_thresholds
 
@@ -47,6 +48,7 @@ def _check_fraction(x, name: str) -> float | None:
   return value
 
 
+@_threshold_order.at("thresholds", default=default_thresholds)
 @_public.entry
 def select_threshold(confidences, correct, *, metric: str = "cwsa", min_coverage=None,
                      max_risk=None, thresholds=None) -> ThresholdChoice:
@@ -81,6 +83,10 @@ def select_threshold(confidences, correct, *, metric: str = "cwsa", min_coverage
     :class:`ThresholdChoice` ``(threshold, coverage, selective_risk, value)``;
     ``threshold`` is the float32 grid value as a Python float (e.g.
     0.6000000238418579 for 0.6), the one the metrics were computed with.
+    Concrete float64 confidences are compared with the grid's own float64
+    values (``_threshold_order``); the choice is then reported as float32 all
+    the same (grid values that float32 merges retain the same samples, or
+    the call raises, so they tie): retain with your float64 grid value.
 
   Raises:
     ValueError: when no threshold satisfies the constraints (the message gives

@@ -14,6 +14,8 @@ correctness kappa_i (bool, or graded in [0, 1]) and a threshold tau in [0, 1):
 
 Samples exactly at tau are retained with weight phi = 0. When S is empty,
 CWSA = CWSA+ = 0 (the paper's convention) and selective accuracy is NaN.
+Concrete float64 confidences are compared with tau in float64 (``_threshold_order``);
+phi and the sums are float32 as for any input.
 
 Invalid values (NaN, inf or out-of-range confidences, correctness other than
 0/1 or outside [0, 1], tau outside [0, 1)) raise ``ValueError`` on concrete
@@ -49,6 +51,7 @@ from cwsa_jax import _exact
 from cwsa_jax import _public
 from cwsa_jax import _stats
 from cwsa_jax import _sweep
+from cwsa_jax import _threshold_order
 from cwsa_jax import _validation
 
 
@@ -106,6 +109,7 @@ def _checked_metrics(confidences, correct, tau, *, normalize: str,
 _metrics_traced = jax.jit(_checked_metrics, static_argnames=("normalize", "kernels"))
 
 
+@_threshold_order.at("tau")
 @_public.entry
 def cwsa(confidences, correct, tau, *, normalize: str = "retained") -> jax.Array:
   """Confidence-weighted selective accuracy at threshold ``tau``.
@@ -140,6 +144,7 @@ def cwsa(confidences, correct, tau, *, normalize: str = "retained") -> jax.Array
   return _metrics(confidences, correct, tau, normalize).cwsa
 
 
+@_threshold_order.at("tau")
 @_public.entry
 def cwsa_plus(confidences, correct, tau) -> jax.Array:
   """CWSA+: the reward-only, [0, 1]-valued variant of CWSA at threshold ``tau``.
@@ -161,6 +166,7 @@ def cwsa_plus(confidences, correct, tau) -> jax.Array:
   return _metrics(confidences, correct, tau).cwsa_plus
 
 
+@_threshold_order.at("tau")
 @_public.entry
 def coverage(confidences, tau) -> jax.Array:
   """Fraction of samples retained at ``tau``: ``|{i : c_i >= tau}| / n``.
@@ -175,6 +181,7 @@ def coverage(confidences, tau) -> jax.Array:
   return _metrics(confidences, jnp.ones(confidences.shape, jnp.bool_), tau).coverage
 
 
+@_threshold_order.at("tau")
 @_public.entry
 def selective_accuracy(confidences, correct, tau) -> jax.Array:
   """Accuracy over the retained set: mean of kappa_i over {i : c_i >= tau}; NaN if empty.

@@ -46,6 +46,7 @@ from cwsa_jax import _public
 from cwsa_jax._kernels import _sort
 from cwsa_jax._kernels import _sorted_sums
 from cwsa_jax import _stats
+from cwsa_jax import _threshold_order
 from cwsa_jax import _validation
 
 
@@ -518,6 +519,7 @@ def _sweep_1d(confidences, correct, thresholds, normalize="retained", drop_inval
   return _stats.renormalize(result_from_sums(sums, thresholds, order, left_out), normalize)
 
 
+@_threshold_order.at("thresholds")
 @_public.entry
 def sweep(confidences, correct, thresholds, *, normalize: str = "retained") -> SweepResult:
   """Coverage, selective accuracy, CWSA and CWSA+ at every threshold, fused.
@@ -537,6 +539,9 @@ def sweep(confidences, correct, thresholds, *, normalize: str = "retained") -> S
   One jitted call costs O(n + T) plus a short binary search per sample, so it
   is nearly flat in T; the sums are exact, so float32 results stay within a
   few ulp of a float64 computation. Thresholds may be in any order.
+  Concrete float64 confidences are compared with the thresholds in float64
+  (``_threshold_order``: float32 stand-ins at most one ulp away); the
+  ``thresholds`` field is float32.
 
   Args:
     confidences: [..., n] confidences in [0, 1]. Leading axes are batch axes
