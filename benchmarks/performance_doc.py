@@ -67,8 +67,8 @@ TEXT["suite"] = """\
 ## The test suite
 
 `./dev.sh test` runs the suite on two workers with a persistent JAX compilation cache in the user's
-cache folder (`~/.cache/cwsa-jax/test-compilation-cache`, at most 2 GiB, least recently used entries
-evicted first): most of the suite's CPU time is XLA compiling the programs the tests build, and a
+cache folder (`~/.cache/cwsa-jax/test-compilation-cache`, bounded in size, least recently used
+entries evicted first): most of the suite's CPU time is XLA compiling the programs the tests build, and a
 second run compiles only the programs a change touched. CI (`CI` set) starts cold with a cache of
 its own for the run, removed at the end; remove the folder to time a cold run locally. `benchmarks/suite_compile_time.py` measures where it goes: `PYTHONPATH=benchmarks
 CWSA_JAX_COMPILE_STATS=DIR ./dev.sh test -p suite_compile_time`, then `python
