@@ -105,8 +105,9 @@ def _boundary_nodes(sums: jax.Array) -> jax.Array:
   return jnp.stack([sums[:, 1:span + 1], sums[:, -2:-span - 2:-1]], axis=1)
 
 
-def _smoothed_error(sigma: jax.Array, spectrum: jax.Array, near: jax.Array) -> jax.Array:
-  """smECE at bandwidth ``sigma`` from :func:`_spectrum` and :func:`_boundary_nodes`."""
+def boundary_corrected(sigma: jax.Array, spectrum: jax.Array, near: jax.Array) -> jax.Array:
+  """:func:`_spectrum` [..., 2, L + 1] less what relplot's mesh at bandwidth ``sigma`` puts on
+  the boundary nodes from the samples ``near`` them (:func:`_boundary_nodes`)."""
   size = _MESH_INTERVALS
   dtype = spectrum.real.dtype
   # relplot's mesh has max(1000, round(20 / sigma) // 2) intervals (unrounded here, so that
@@ -118,13 +119,25 @@ def _smoothed_error(sigma: jax.Array, spectrum: jax.Array, near: jax.Array) -> j
   u = jnp.maximum(0, 1 - offsets * relplot_cells / size)
   removed = jnp.sum(near * u, axis=-1)  # [2 (residual, count), 2 (at 0, at 1)]
   alternating = jnp.where(jnp.arange(size + 1) % 2 == 0, 1, -1).astype(dtype)
-  spectrum = spectrum - removed[:, :1] - removed[:, 1:] * alternating
+  return spectrum - removed[:, :1] - removed[:, 1:] * alternating
 
+
+def kernel_spectrum(sigma: jax.Array, dtype) -> jax.Array:
+  """rfft of the Gaussian kernel of bandwidth ``sigma`` on the 2L-periodic mesh, cut at |d| > 1/2."""
+  size = _MESH_INTERVALS
   d = jnp.arange(2 * size, dtype=dtype)
   d = jnp.where(d <= size, d, d - 2 * size) / size
   kernel = jnp.exp(-0.5 * jnp.square(d / sigma)) / (math.sqrt(2 * math.pi) * sigma)
   kernel = jnp.where(jnp.abs(d) <= 0.5, kernel, 0)
-  smoothed = jnp.fft.irfft(spectrum * jnp.fft.rfft(kernel), n=2 * size, axis=-1)[:, :size + 1]
+  return jnp.fft.rfft(kernel)
+
+
+def _smoothed_error(sigma: jax.Array, spectrum: jax.Array, near: jax.Array) -> jax.Array:
+  """smECE at bandwidth ``sigma`` from :func:`_spectrum` and :func:`_boundary_nodes`."""
+  size = _MESH_INTERVALS
+  spectrum = boundary_corrected(sigma, spectrum, near)
+  smoothed = jnp.fft.irfft(spectrum * kernel_spectrum(sigma, spectrum.real.dtype), n=2 * size,
+                           axis=-1)[:, :size + 1]
   residual, density = jnp.abs(smoothed[0]), smoothed[1]
 
   # relplot sums over T points: a trapezoid integral plus the end points' other halves.

@@ -386,22 +386,13 @@ def _resample_error(sigma, spectrum, near):
   (equal up to float32 rounding)."""
   size = _smooth_ece._MESH_INTERVALS
   dtype = spectrum.real.dtype
-  relplot_cells = jnp.maximum(_smooth_ece._RELPLOT_INTERVALS, 10 / sigma)
-  offsets = jnp.arange(1, near.shape[-1] + 1, dtype=dtype)
-  u = jnp.maximum(0, 1 - offsets * relplot_cells / size)
-  removed = jnp.sum(near * u, axis=-1)  # as _smoothed_error: the boundary rule of relplot's mesh
-  alternating = jnp.where(jnp.arange(size + 1) % 2 == 0, 1, -1).astype(dtype)
-  spectrum = spectrum - removed[:, :1] - removed[:, 1:] * alternating
-
-  d = jnp.arange(2 * size, dtype=dtype)
-  d = jnp.where(d <= size, d, d - 2 * size) / size
-  kernel = jnp.exp(-0.5 * jnp.square(d / sigma)) / (math.sqrt(2 * math.pi) * sigma)
-  kernel = jnp.where(jnp.abs(d) <= 0.5, kernel, 0)
-  kernel = jnp.fft.rfft(kernel)
+  spectrum = _smooth_ece.boundary_corrected(sigma, spectrum, near)
+  kernel = _smooth_ece.kernel_spectrum(sigma, dtype)
   residual = jnp.abs(jnp.fft.irfft(spectrum[0] * kernel, n=2 * size)[:size + 1])
   density = (spectrum[1] * kernel).real
   # irfft at t = 0 and t = 1: the inner frequencies count twice, signs alternating at 1.
   twice = jnp.where((jnp.arange(size + 1) % size) == 0, 1, 2).astype(dtype)
+  alternating = jnp.where(jnp.arange(size + 1) % 2 == 0, 1, -1).astype(dtype)
   density_ends = jnp.sum(twice * density * (1 + alternating)) / (2 * size)
 
   points = jnp.maximum(_smooth_ece._POINTS_PER_UNIT_BANDWIDTH / sigma, _smooth_ece._MIN_POINTS)
