@@ -8,21 +8,61 @@ K errors with equal weight (rare classes count as much as frequent ones).
 Each class is one batch row of :func:`~cwsa_jax.ece`'s own computation, so a
 class's error equals ``ece(probs[:, k], labels == k, ...)`` bit for bit
 (exact integer per-bin sums), and the gradient in ``probs`` is ECE's.
+
+Float64 probabilities (concrete) are binned in float64 as :func:`~cwsa_jax.ece`
+bins float64 confidences: each class column is replaced by its float32
+stand-ins (``_threshold_order``; ``_calibration._float64_bins``), which fall in
+the column's float64 bins, before the kit's entry rounds it.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from cwsa_jax import _calibration
 from cwsa_jax import _confidence
 from cwsa_jax import _public
+from cwsa_jax import _threshold_order
 from cwsa_jax import _validation
 
 
+def _float64_columns(fn):
+  """``fn(probs, labels, ...)`` with concrete float64 ``probs`` [..., n, K] replaced by float32
+  stand-ins that fall in each class column's float64 bins (equal-mass edges per column, as
+  ECE's batch rows), outside the kit's entry, which rounds 64-bit JAX arrays to 32 bits."""
+  signature = inspect.signature(fn)
+
+  @functools.wraps(fn)
+  def wrapper(*args, **kwargs):
+    try:
+      bound = signature.bind(*args, **kwargs)
+    except TypeError:  # fn names the problem
+      return fn(*args, **kwargs)
+    bound.apply_defaults()
+    probs = bound.arguments["probs"]
+    p64 = _threshold_order.wide_floats(probs)
+    if p64 is None or p64.ndim < 2:
+      return fn(*args, **kwargs)
+    rows = np.moveaxis(p64, -1, -2)  # [..., K, n]: one ECE row per class
+    new = _calibration._float64_bins(rows, bound.arguments)
+    if new is None:
+      return fn(*args, **kwargs)
+    new = np.moveaxis(new, -2, -1)
+    if isinstance(probs, jax.Array):  # back where it was (device, sharding)
+      new = jax.device_put(new, probs.sharding)
+    bound.arguments["probs"] = new
+    return fn(*bound.args, **bound.kwargs)
+
+  return wrapper
+
+
+@_float64_columns
 @_public.entry
 def classwise_ece(probs: Any, labels: Any, *, num_bins: int = 15, norm: str = "l1",
                   binning: str = "width") -> jax.Array:
@@ -50,6 +90,8 @@ def classwise_ece(probs: Any, labels: Any, *, num_bins: int = 15, norm: str = "l
 
   Returns:
     float32 of shape [...] (a scalar for [n, K] inputs), in [0, 1].
+    Concrete float64 probabilities are binned by their float64 values (edges
+    ``j / B``, or each column's float64 order statistics), as in ``ece``.
 
   Raises:
     ValueError: on concrete inputs with probabilities NaN/inf or outside

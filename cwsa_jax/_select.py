@@ -48,8 +48,6 @@ def _check_fraction(x, name: str) -> float | None:
   return value
 
 
-@_threshold_order.at("thresholds", default=default_thresholds)
-@_public.entry
 def select_threshold(confidences, correct, *, metric: str = "cwsa", min_coverage=None,
                      max_risk=None, thresholds=None) -> ThresholdChoice:
   """The threshold on a grid that maximises a metric subject to coverage/risk constraints.
@@ -80,13 +78,16 @@ def select_threshold(confidences, correct, *, metric: str = "cwsa", min_coverage
       0.50, 0.51, ..., 0.99.
 
   Returns:
-    :class:`ThresholdChoice` ``(threshold, coverage, selective_risk, value)``;
-    ``threshold`` is the float32 grid value as a Python float (e.g.
-    0.6000000238418579 for 0.6), the one the metrics were computed with.
-    Concrete float64 confidences are compared with the grid's own float64
-    values (``_threshold_order``); the choice is then reported as float32 all
-    the same (grid values that float32 merges retain the same samples, or
-    the call raises, so they tie): retain with your float64 grid value.
+    :class:`ThresholdChoice` ``(threshold, coverage, selective_risk, value)``,
+    Python floats; ``threshold`` is the grid value the confidences were
+    compared with. For float32 (and narrower) confidences it is the float32
+    grid value (e.g. 0.6000000238418579 for 0.6). Concrete float64
+    confidences are compared with the grid's float64 values
+    (``_threshold_order``) and ``threshold`` is that float64 value (0.6 for
+    0.6; the float32 value for a float32 grid; the default grid is float32):
+    ``c >= threshold`` retains exactly the samples its coverage counts.
+    Distinct float64 grid values that float32 merges retain the same samples
+    (or the call raises), so they tie, and the smallest is reported.
 
   Raises:
     ValueError: when no threshold satisfies the constraints (the message gives
@@ -106,8 +107,31 @@ def select_threshold(confidences, correct, *, metric: str = "cwsa", min_coverage
     >>> print(round(choice.threshold, 4), round(choice.coverage, 4))
     0.6 0.8333
   """
-  return _select_threshold(confidences, correct, metric=metric, min_coverage=min_coverage,
-                           max_risk=max_risk, thresholds=thresholds)
+  grid64 = None
+  c64 = _threshold_order.wide_floats(confidences)
+  if c64 is not None:
+    grid64 = _threshold_order.thresholds64(default_thresholds() if thresholds is None
+                                           else thresholds)
+  if grid64 is not None:  # compared in float64, by stand-ins for the float32 kernels
+    grid64 = grid64.reshape(-1)
+    stand_ins = _threshold_order.stand_ins(c64, grid64, name="thresholds")
+    if isinstance(confidences, jax.Array):  # back where it was (device, sharding)
+      stand_ins = jax.device_put(stand_ins, confidences.sharding)
+    confidences = stand_ins
+  choice = _select_on_entry(confidences, correct, metric=metric, min_coverage=min_coverage,
+                            max_risk=max_risk, thresholds=thresholds)
+  if grid64 is None:
+    return choice
+  # The float32 grid value chosen stands for the float64 ones that round to it: they retain
+  # the same samples (the stand-ins exist), so they tie and the smallest wins.
+  merged = grid64[grid64.astype(np.float32) == np.float32(choice.threshold)]
+  return choice._replace(threshold=float(merged.min()))
+
+
+@_public.entry
+def _select_on_entry(confidences, correct, **options) -> ThresholdChoice:
+  """:func:`_select_threshold` behind the kit's entry (x64 off, Explicit mesh axes Auto)."""
+  return _select_threshold(confidences, correct, **options)
 
 
 def _select_threshold(confidences, correct, *, metric: str = "cwsa", min_coverage=None,

@@ -176,19 +176,19 @@ def test_select_threshold(metric):
   k = np.where(c < np.round(c, 6), False, k)
   got = cw.select_threshold(c, k, metric=metric, thresholds=GRID, min_coverage=0.3)
   tau, value, cov = _brute_force_choice(c, k, GRID, metric, 0.3)
-  assert got.threshold == float(np.float32(tau))
+  assert got.threshold == tau
   np.testing.assert_allclose(got.value, value, atol=1e-6)
   np.testing.assert_allclose(got.coverage, cov, rtol=1e-6)
 
 
 def test_select_threshold_ties_between_thresholds_float32_merges():
   """Distinct float64 thresholds that float32 merges, with no sample between them: the same
-  retained set, a tie, reported as their shared float32 value."""
+  retained set, a tie, reported as the smallest float64 one."""
   c = np.array([0.3, 0.5 - 1e-9, 0.5 + 3e-9, 0.9])
   k = np.array([False, False, True, True])
   grid = np.array([0.5 + 1e-10, 0.5 + 2e-9, 0.4])
   got = cw.select_threshold(c, k, thresholds=grid)
-  assert got.threshold == 0.5 and got.coverage == 0.5 and got.selective_risk == 0.0
+  assert got.threshold == 0.5 + 1e-10 and got.coverage == 0.5 and got.selective_risk == 0.0
 
 
 @pytest.mark.parametrize("binning", ["width", "mass"])

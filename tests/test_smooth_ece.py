@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cwsa_jax._bootstrap import bootstrap_ci
-from cwsa_jax._smooth_ece import automatic_bandwidth, smooth_ece
+from cwsa_jax._smooth_ece import _mesh_sums, automatic_bandwidth, searched_smooth_ece, smooth_ece
+from cwsa_jax.cli._intervals import SMOOTH_RESAMPLES
 
 N = 200  # the size of most tests: one compilation per form
 BANDWIDTHS = (0.01, 0.05, 0.3)
@@ -130,6 +131,33 @@ def test_below_the_floor_the_bandwidth_is_0_001():
   graded = np.full(N, 0.6, np.float32)  # calibrated exactly: smECE_sigma = 0 at every sigma
   sigma = automatic_bandwidth(jnp.asarray(c), jnp.asarray(graded))
   assert float(sigma) == pytest.approx(1e-3, rel=1e-4)
+
+
+def test_batched_search_finds_the_bisections_fixed_point():
+  """searched_smooth_ece (the CLI's bootstrap resamples) finds smooth_ece's bandwidth and value
+  to float32 rounding, from plain and repeat-weighted mesh sums (rows repeated w times)."""
+  rng = np.random.default_rng(9)
+  rows = [random_case(seed) for seed in (4, 5)]
+  rows.append((random_case(6)[0], random_case(6, graded=True)[1].astype(np.float32)))
+  rows.append((np.full(N, 0.6, np.float32), np.full(N, 0.6, np.float32)))  # below the floor
+  repeats = rng.multinomial(N, np.full(N, 1 / N))  # a resample: N rows, one compiled program
+  c, ok = rows[0]
+  sums = [_mesh_sums(jnp.asarray(c), jnp.asarray(k, jnp.float32)) for c, k in rows]
+  weighted = _mesh_sums(jnp.asarray(c), jnp.asarray(ok, jnp.float32), jnp.float32(repeats))
+  rows.append((np.repeat(c, repeats), np.repeat(ok, repeats)))
+  repeated = _mesh_sums(*(jnp.asarray(x, jnp.float32) for x in rows[-1]))
+  np.testing.assert_allclose(weighted, repeated, atol=1e-4)
+  sums.append(weighted)
+  # The CLI's batch of SMOOTH_RESAMPLES rows (one compiled program), the rows repeated.
+  batch = np.resize(np.stack(sums), (SMOOTH_RESAMPLES,) + weighted.shape)
+  sigma, value = (np.asarray(x, np.float64)[:len(rows)] for x in searched_smooth_ece(batch))
+  for i, (c, k) in enumerate(rows):
+    want_sigma = float(automatic_bandwidth(jnp.asarray(c), jnp.asarray(k, jnp.float32)))
+    assert sigma[i] == pytest.approx(want_sigma, abs=1e-6), i
+    assert value[i] == pytest.approx(float(smooth_ece(c, k)), abs=1e-6), i
+    if sigma[i] > 1.001e-3:  # above the floor: the fixed point smECE_{sigma*} = sigma*
+      assert value[i] == pytest.approx(sigma[i], abs=1e-6), i
+  assert sigma[3] == pytest.approx(1e-3, rel=1e-4) and value[3] == pytest.approx(0, abs=1e-6)
 
 
 # ---------------------------------------------------------------------------

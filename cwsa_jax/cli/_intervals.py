@@ -309,17 +309,9 @@ def _weighted_ranking(w, ok, group, num_groups: int) -> PeerMetrics:
 
 
 def _weighted_mesh_sums(w, c, ok):
-  """The mesh sums [2, L + 1] of _smooth_ece._mesh_sums of the rows repeated ``w`` times, each
-  row's share times its weight (their smooth ECE: ``_metrics.smooth_ece_of_sums``)."""
-  size = _smooth_ece._MESH_INTERVALS
-  x = c * size
-  cell = jnp.clip(jnp.floor(x), 0, size - 1)
-  frac = x - cell
-  cell = cell.astype(jnp.int32)
-  wf = _float(w)
-  weights = jnp.stack([(c - _float(ok)) * wf, wf])  # [2, n]
-  sums = jnp.zeros((2, size + 1), jnp.float32)
-  return sums.at[:, cell].add(weights * (1 - frac)).at[:, cell + 1].add(weights * frac)
+  """The smooth ECE's mesh sums [2, L + 1] of the rows repeated ``w`` times (their smooth ECE:
+  ``_smooth_ece.searched_smooth_ece``)."""
+  return _smooth_ece._mesh_sums(c, _float(ok), _float(w))
 
 
 def _weighted_classwise_ece(w, probs, labels, options: _PeerOptions):
@@ -379,102 +371,15 @@ def _poisson_peers_jit(data, key, start, options, num_chunks):
 SMOOTH_RESAMPLES = 32
 
 
-def _resample_error(sigma, spectrum, near):
-  """smECE at bandwidth ``sigma`` as ``_smooth_ece._smoothed_error``, with one inverse FFT (the
-  residual's) instead of two: the smoothed density is even and 2L-periodic, so its trapezoid
-  over [0, 1] is its spectrum's constant term over 2L, and its end values are sums of its spectrum
-  (equal up to float32 rounding)."""
-  size = _smooth_ece._MESH_INTERVALS
-  dtype = spectrum.real.dtype
-  spectrum = _smooth_ece.boundary_corrected(sigma, spectrum, near)
-  kernel = _smooth_ece.kernel_spectrum(sigma, dtype)
-  residual = jnp.abs(jnp.fft.irfft(spectrum[0] * kernel, n=2 * size)[:size + 1])
-  density = (spectrum[1] * kernel).real
-  # irfft at t = 0 and t = 1: the inner frequencies count twice, signs alternating at 1.
-  twice = jnp.where((jnp.arange(size + 1) % size) == 0, 1, 2).astype(dtype)
-  alternating = jnp.where(jnp.arange(size + 1) % 2 == 0, 1, -1).astype(dtype)
-  density_ends = jnp.sum(twice * density * (1 + alternating)) / (2 * size)
-
-  points = jnp.maximum(_smooth_ece._POINTS_PER_UNIT_BANDWIDTH / sigma, _smooth_ece._MIN_POINTS)
-  end = 1 / (2 * (points - 1))
-  numerator = ((jnp.sum(residual) - (residual[0] + residual[-1]) / 2) / size
-               + end * (residual[0] + residual[-1]))
-  denominator = (density[0] / (2 * size) + end * density_ends
-                 + _smooth_ece._DENSITY_EPS * points / (points - 1))
-  return numerator / denominator
-
-
-# The bandwidth search stops when its bracket is this narrow (the library's bisection ends
-# within (1 - 0.001) / 2**25 of the fixed point) or after this many steps.
-_BANDWIDTH_TOLERANCE = 2.0 ** -25
-_MAX_SEARCH_STEPS = 40
-
-
-def _resample_smooth_ece(sums):
-  """smooth_ece (automatic bandwidth) of one resample's mesh sums [2, L + 1]: the library's fixed
-  point ``sigma = max(smECE_sigma, 0.001)`` in [0.001, 1], found by Chandrupatla's bracketed
-  search (inverse quadratic steps, else halving) in about 12 evaluations instead of the
-  library's 26 bisection steps, to the bisection's precision."""
-  spectrum, near = _smooth_ece._spectrum(sums), _smooth_ece._boundary_nodes(sums)
-  floor = _smooth_ece.MIN_BANDWIDTH
-
-  def evaluate(sigma):  # (max(smECE, 0.001) - sigma: decreasing in sigma, smECE)
-    error = _resample_error(sigma, spectrum, near)
-    return jnp.maximum(error, floor) - sigma, error
-
-  low, high = jnp.float32(floor), jnp.float32(1)
-  # Both ends in one batched evaluation (one copy of the FFTs to compile): f_low >= 0 >= f_high.
-  (f_low, f_high), (e_low, e_high) = jax.vmap(evaluate)(jnp.stack([low, high]))
-  # x1: the newest point, x2: the other end of the bracket, x3: the point x1 or x2 replaced.
-  state = (jnp.int32(0), jnp.float32(0.5), high, low, low, f_high, f_low, f_low, e_high, e_low)
-
-  def best(st):
-    _, _, x1, x2, _, f1, f2, _, e1, e2 = st
-    first = jnp.abs(f1) < jnp.abs(f2)
-    return jnp.where(first, x1, x2), jnp.where(first, f1, f2), jnp.where(first, e1, e2)
-
-  def running(st):
-    x, fx, _ = best(st)
-    width = jnp.abs(st[3] - st[2])
-    return (st[0] < _MAX_SEARCH_STEPS) & (fx != 0) & (
-        width > 2 * jnp.finfo(jnp.float32).eps * x + _BANDWIDTH_TOLERANCE)
-
-  def step(st):
-    k, t, x1, x2, x3, f1, f2, f3, e1, e2 = st
-    xt = x1 + t * (x2 - x1)
-    ft, et = evaluate(xt)
-    kept = jnp.sign(ft) == jnp.sign(f1)  # xt replaces x1, else x1 becomes the bracket's end
-    x3, f3 = jnp.where(kept, x1, x2), jnp.where(kept, f1, f2)
-    x2, f2, e2 = (jnp.where(kept, a, b) for a, b in ((x2, x1), (f2, f1), (e2, e1)))
-    x1, f1, e1 = xt, ft, et
-    xi, phi = (x1 - x2) / (x3 - x2), (f1 - f2) / (f3 - f2)
-    quadratic = (phi * phi < xi) & ((1 - phi) * (1 - phi) < 1 - xi)
-    tq = (f1 / (f2 - f1) * f3 / (f2 - f3)
-          + (x3 - x1) / (x2 - x1) * f1 / (f3 - f1) * f2 / (f3 - f2))
-    t = jnp.where(quadratic & jnp.isfinite(tq), tq, 0.5)
-    # At least the tolerance into the bracket from either end: it shrinks every step.
-    xm = jnp.where(jnp.abs(f1) < jnp.abs(f2), x1, x2)
-    limit = jnp.minimum((2 * jnp.finfo(jnp.float32).eps * xm + _BANDWIDTH_TOLERANCE / 2)
-                        / jnp.abs(x2 - x1), 0.5)
-    return k + 1, jnp.clip(t, limit, 1 - limit), x1, x2, x3, f1, f2, f3, e1, e2
-
-  return best(lax.while_loop(running, step, state))[2]
-
-
-@jax.jit
-def _smooth_ece_resamples_jit(sums):
-  # vmap over the resamples (the estimate's lax.map keeps cw.smooth_ece's rounding; here the
-  # values move from it by float32 rounding, about 1e-7; tests/test_cli_ranking_metrics.py).
-  return jax.vmap(_resample_smooth_ece)(sums)
-
-
 def _smooth_ece_of_resamples(sums: Any) -> np.ndarray:
   """float32 [B] smooth ECE (automatic bandwidth) of the resamples' mesh sums [B, 2, L + 1]."""
   sums = np.asarray(sums, np.float32)
   count = sums.shape[0]
   sums = np.concatenate([sums, np.zeros((-count % SMOOTH_RESAMPLES,) + sums.shape[1:],
                                         np.float32)])  # zero sums: a finite 0, dropped below
-  out = [np.asarray(_smooth_ece_resamples_jit(sums[i:i + SMOOTH_RESAMPLES]))
+  # The library's batched bandwidth search: its values move from cw.smooth_ece's (a bisection,
+  # the estimate's) by float32 rounding, about 1e-7 (tests/test_cli_ranking_metrics.py).
+  out = [np.asarray(_smooth_ece.searched_smooth_ece(sums[i:i + SMOOTH_RESAMPLES])[1])
          for i in range(0, sums.shape[0], SMOOTH_RESAMPLES)]
   return np.concatenate(out)[:count]
 
