@@ -34,7 +34,14 @@ state is marked and ``compute`` gives NaN), never a wrapped number.
   and also keeps each bin's smallest and largest confidence. Where every bin
   holds a single distinct value the estimate *is* the step-convention AURC;
   otherwise ``compute`` returns guaranteed lower and upper bounds (see
-  :class:`BinnedRiskCoverage`).
+  :class:`BinnedRiskCoverage`). The failure-detection metrics of the confidence
+  stream from the same bins: :meth:`RiskCoverageState.ranking` gives AUROC,
+  FPR at a TPR and average precision (success or error positive), exact where
+  every bin holds one distinct value and bounded otherwise
+  (:class:`BinnedRanking`), for 0/1 correctness only. They rank the
+  confidences in [0, 1] the state bins; AUROC, FPR@TPR and AP of other
+  scores (logits, energies, float64 ranks) and the E-AURC oracle's exact
+  order do not stream: use the one-shot functions.
 
 Multi-device and multi-host: the states are plain arrays, so inside
 ``jax.shard_map`` each device builds the state of its shard and
@@ -101,12 +108,14 @@ from cwsa_jax import _validation
 # The states live in private modules (cwsa_jax._states) whose public names say they are here.
 from cwsa_jax._states._calibration_state import CalibrationState
 from cwsa_jax._states._merge import process_merge
+from cwsa_jax._states._risk_coverage_state import BinnedRanking
 from cwsa_jax._states._risk_coverage_state import BinnedRiskCoverage
 from cwsa_jax._states._risk_coverage_state import RiskCoverageState
 from cwsa_jax._states._risk_coverage_state import confidence_key  # noqa: F401 (cli, tests)
 from cwsa_jax._states._sweep_state import SweepState
 
 __all__ = [
+    "BinnedRanking",
     "BinnedRiskCoverage",
     "CalibrationState",
     "EvaluationResult",

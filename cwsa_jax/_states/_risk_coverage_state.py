@@ -19,6 +19,7 @@ import numpy as np
 from cwsa_jax import _areas
 from cwsa_jax import _exact
 from cwsa_jax import _public
+from cwsa_jax._risk_coverage_kernels import _TARGET_SLACK
 from cwsa_jax._kernels import _sort
 from cwsa_jax import _stats
 from cwsa_jax import _validation
@@ -73,6 +74,90 @@ class BinnedRiskCoverage(NamedTuple):
   augrc: jax.Array
   augrc_low: jax.Array
   augrc_high: jax.Array
+  exact: jax.Array
+
+
+@public
+class BinnedRanking(NamedTuple):
+  """AUROC, FPR at a TPR and average precision of the confidence from a :class:`RiskCoverageState`.
+
+  The failure-detection metrics of :func:`~cwsa_jax.auroc`, :func:`~cwsa_jax.fpr_at_tpr`
+  and :func:`~cwsa_jax.average_precision`, with the confidence as the score and
+  0/1 correctness. Sort the bins by decreasing confidence; bin ``b`` holds
+  ``m_b`` samples, ``c_b`` correct and ``e_b`` wrong; the bins above it hold
+  ``C_b`` correct, ``E_b`` wrong and ``K_b = C_b + E_b`` samples, those below it
+  ``C'_b``, ``E'_b`` and ``K'_b``; ``P`` correct and ``N`` wrong in all. Treating
+  each bin as one tie group gives the estimates
+
+  .. math::
+
+    \\widehat{\\mathrm{AUROC}} = \\frac{1}{PN} \\sum_b c_b \\left(E'_b + \\tfrac{1}{2} e_b\\right),
+    \\qquad
+    \\widehat{\\mathrm{FPR}}(q) = \\frac{E_{b^*} + e_{b^*}}{N},\\quad
+    b^* = \\text{the first bin with } \\frac{C_b + c_b}{P} \\ge q,
+
+    \\widehat{\\mathrm{AP}} = \\sum_b \\frac{c_b}{P} \\frac{C_b + c_b}{K_b + m_b},
+    \\qquad
+    \\widehat{\\mathrm{AP}}_{\\mathrm{error}} = \\sum_b \\frac{e_b}{N}
+      \\frac{E'_b + e_b}{K'_b + m_b},
+
+  which are the exact values (those of the one-shot functions on the float32
+  confidences) when every bin holds one distinct confidence; ``FPR`` needs
+  only bin ``b^*`` to. In a bin with several distinct confidences the order of
+  its samples is unknown, and whatever it is (ties included):
+
+  * AUROC: a pair of a correct and a wrong sample of the same bin counts 0, 1/2
+    or 1, so ``c_b e_b / 2`` lies in ``[0, c_b e_b]``: the low and high bounds
+    take ``c_b E'_b`` and ``c_b (E'_b + e_b)``. Both are attained and the
+    estimate is their midpoint.
+  * FPR: a threshold inside a bin above ``b^*`` accepts fewer correct samples
+    than the whole bin, so it cannot reach ``q``; one inside ``b^*`` accepts
+    at least the ``E_{b^*}`` wrong samples above, and one inside a lower bin
+    at least ``E_{b^*} + e_{b^*}``: ``FPR`` lies in ``[E_{b^*}, E_{b^*} + e_{b^*}] / N``
+    (attained).
+  * AP: a correct sample of bin ``b`` whose tie group ends after ``x`` correct
+    (``1 <= x <= c_b``) and ``y`` wrong (``0 <= y <= e_b``) samples of its bin
+    has precision ``(C_b + x) / (K_b + x + y)``, increasing in ``x`` (as
+    ``C_b <= K_b``) and decreasing in ``y``. So it lies in
+    ``[(C_b + 1) / (K_b + e_b + 1), (C_b + c_b) / (K_b + c_b)]``, and for AP-error
+    (ranked by increasing confidence) an error's in
+    ``[(E'_b + 1) / (K'_b + c_b + 1), (E'_b + e_b) / (K'_b + e_b)]``.
+
+  Summing the bins' extremes gives ``low`` and ``high``, guaranteed bounds on
+  the exact value (up to float32 rounding). The AUROC numerators (sums of
+  products of counts, past 2^64 for large states) are exact integers rounded
+  once, then divided once by ``2 P N``; the counts above and below each bin are
+  exact integers (prefix sums, no float cancellation) converted to float32
+  once, and AP sums its per-bin float32 terms (recall gained times precision)
+  exactly, as :func:`~cwsa_jax.average_precision` does.
+
+  Undefined values are NaN, as in the one-shot functions: AUROC and FPR where
+  every sample is correct or every one is wrong (``P N = 0``), AP where there is
+  no correct sample, AP-error where there is no wrong one (all correct: AUROC
+  and FPR NaN, AP 1, AP-error NaN); every field of an empty or invalid state.
+
+  Attributes:
+    auroc, auroc_low, auroc_high: float32 [...].
+    fpr_at_tpr, fpr_at_tpr_low, fpr_at_tpr_high: float32 ``[...] + tpr.shape``.
+    average_precision, average_precision_low, average_precision_high: float32
+      [...], the correct predictions positive (``positive="correct"``).
+    average_precision_error, average_precision_error_low, average_precision_error_high:
+      float32 [...], the wrong ones positive (``positive="error"``).
+    exact: bool [...], every non-empty bin holds a single distinct confidence
+      (then low = estimate = high for every metric).
+  """
+  auroc: jax.Array
+  auroc_low: jax.Array
+  auroc_high: jax.Array
+  fpr_at_tpr: jax.Array
+  fpr_at_tpr_low: jax.Array
+  fpr_at_tpr_high: jax.Array
+  average_precision: jax.Array
+  average_precision_low: jax.Array
+  average_precision_high: jax.Array
+  average_precision_error: jax.Array
+  average_precision_error_low: jax.Array
+  average_precision_error_high: jax.Array
   exact: jax.Array
 
 
@@ -241,6 +326,48 @@ class RiskCoverageState:
     fn = _batched(_rc_compute, self.hi.ndim - 2, (0, 0, 0, 0, 0, 0))
     return fn(self.hi, self.lo, self.top, self.key_min, self.key_max, self.invalid)
 
+  @_public.entry
+  def ranking(self, tpr: Any = 0.95) -> BinnedRanking:
+    """AUROC, FPR at ``tpr`` and average precision of the confidence, with bounds.
+
+    The estimates and guaranteed bounds of :class:`BinnedRanking`, from the
+    same bins as :meth:`compute`: each equals the one-shot
+    :func:`~cwsa_jax.auroc`, :func:`~cwsa_jax.fpr_at_tpr` or
+    :func:`~cwsa_jax.average_precision` (``positive="correct"`` and
+    ``"error"``) of the float32 confidences where every bin holds one distinct
+    confidence, and any split of the data merged gives the one-pass result.
+    Works under ``jit`` and ``vmap``; batch axes of the state are kept.
+
+    Args:
+      tpr: target true positive rate(s) in (0, 1], a scalar or any shape
+        (default 0.95); ``TPR >= q`` is tested with the slack of
+        :func:`~cwsa_jax.fpr_at_tpr`.
+
+    Returns:
+      :class:`BinnedRanking`, the FPR fields of shape ``[...] + tpr.shape``.
+
+    Raises:
+      ValueError: a concrete state past its capacity, a ``tpr`` outside (0, 1],
+        or a state of graded correctness (some bin's summed loss is not a whole
+        number): these metrics are defined for 0/1 correctness only. Under
+        ``jit`` these give NaN instead. The state keeps only sums, so graded
+        losses that happen to add up to whole numbers in every bin (two samples
+        of ``kappa = 0.5`` read as one correct and one wrong) cannot be told
+        apart from 0/1 ones: use :meth:`ranking` only on states of 0/1
+        correctness.
+    """
+    _check_capacity(self, columns=True)
+    t = _validation.as_float_array(tpr, "tpr").astype(jnp.float32)
+    target_flag = _validation.check_range(t, "tpr", low_open=True)
+    fn = _batched(_ranking_compute, self.hi.ndim - 2, (0, 0, 0, 0, 0, 0, None))
+    result, graded = fn(self.hi, self.lo, self.top, self.key_min, self.key_max, self.invalid, t)
+    if _validation.is_concrete(graded) and bool(np.any(np.asarray(graded))):
+      raise ValueError(f"{type(self).__name__}.ranking: the state holds graded correctness (a "
+                       "bin's summed loss is not a whole number); AUROC, FPR@TPR and average "
+                       "precision need 0/1 correctness")
+    fpr = _validation.poison(result[3:6], items=target_flag)
+    return result._replace(fpr_at_tpr=fpr[0], fpr_at_tpr_low=fpr[1], fpr_at_tpr_high=fpr[2])
+
   def compute_value(self) -> Any:
     """clu's ``Metric.compute_value``: ``clu.values.Scalar`` of the class's metric (the AURC
     estimate unless :meth:`configure` chose another field of :meth:`compute`).
@@ -357,3 +484,178 @@ def _rc_compute(hi, lo, top, key_min, key_max, invalid):
       aurc=fin(aurc), aurc_low=fin(aurc_low), aurc_high=fin(aurc_high),
       augrc=fin(augrc), augrc_low=fin(augrc_low), augrc_high=fin(augrc_high),
       exact=jnp.all(single | ~nonempty) & ~bad)
+
+
+# ------------------------------------------------------------------ ranking metrics
+
+
+def _units(w: _exact.Wide) -> _exact.Wide:
+  """``w / 4096`` of canonical ``(top, hi, lo)`` whose ``lo`` is 0 (the errors from a loss column
+  of 0/1 losses, 4096 units a wrong sample)."""
+  top, hi, _ = w
+  return top >> 12, (hi >> 12) | ((top & 4095) << 12), hi & 4095
+
+
+_PIECE_BITS = 6
+
+
+def _suffix_sums(w: _exact.Wide) -> _exact.Wide:
+  """Exact sums at or above each entry along axis 0 of canonical ``(top, hi, lo)``.
+
+  The ``lo`` and ``hi`` limbs are summed in 6-bit pieces, below ``2^6`` each, so
+  that no partial sum wraps int32 for up to ``2^25`` bins (12-bit limbs would
+  from ``2^19`` on, a state of 12 mantissa bits); the tops of a state within
+  capacity add up to less than 2^31.
+  """
+  top, hi, lo = w
+  mask = (1 << _PIECE_BITS) - 1
+  pieces = [(lo >> s) & mask for s in (0, 6)] + [(hi >> s) & mask for s in (0, 6, 12, 18)]
+  stacked = jnp.stack(pieces + [top])
+  sums = jnp.flip(_sort.cumsum(jnp.flip(stacked, 1), axis=1), 1)
+  limbs, carry = [], 0
+  for piece in sums[:-1]:
+    piece = piece + carry
+    limbs.append(piece & mask)
+    carry = piece >> _PIECE_BITS
+  hi = limbs[2] | (limbs[3] << 6) | (limbs[4] << 12) | (limbs[5] << 18)
+  return sums[-1] + carry, hi, limbs[0] | (limbs[1] << 6)
+
+
+def _limbs(w: _exact.Wide) -> list[jax.Array]:
+  """The five base-4096 limbs, least significant first, of canonical ``(top, hi, lo)`` below
+  2^53 (a count of a state within capacity)."""
+  top, hi, lo = w
+  return [lo, hi & 4095, hi >> 12, top & 4095, top >> 12]
+
+
+def _product_limbs(a: _exact.Wide, b: _exact.Wide) -> list[jax.Array]:
+  """The ten base-4096 limbs in [0, 4096) of the exact product of two counts below 2^53.
+
+  Schoolbook: a column adds at most five products of limbs, below ``5 * 2^24``.
+  """
+  a, b = _limbs(a), _limbs(b)
+  out, carry = [], 0
+  for place in range(9):
+    column = carry + sum(a[i] * b[place - i] for i in range(max(0, place - 4), min(place, 4) + 1))
+    out.append(column & 4095)
+    carry = column >> 12
+  return out + [carry]
+
+
+def _column_totals(columns: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Exact sums ``(hi, lo)`` [K] over the bins of int32 columns [bins, K] in [0, 4096].
+
+  One reduction of the columns cut into 6-bit pieces (below ``2^7``), whose sums
+  stay below 2^31 for up to ``2^24`` bins: ``sum = 64 high + low``, returned as
+  ``hi = high >> 6``, ``lo = low + 64 (high & 63)`` (``lo`` not reduced below
+  4096: :func:`_exact.exact_float` takes any non-negative pair).
+  """
+  mask = (1 << _PIECE_BITS) - 1
+  sums = jnp.sum(jnp.stack([columns & mask, columns >> _PIECE_BITS]), axis=1)
+  low, high = sums[0], sums[1]
+  return high >> _PIECE_BITS, low + ((high & mask) << _PIECE_BITS)
+
+
+def _column(w: _exact.Wide, j: int) -> _exact.Wide:
+  """Entry ``j`` of the last axis of each limb."""
+  return tuple(x[..., j] for x in w)
+
+
+def _stack_wide(wides: list) -> _exact.Wide:
+  """Canonical ``(top, hi, lo)`` stacked along a new leading axis."""
+  return tuple(jnp.stack(limb) for limb in zip(*wides))
+
+
+@jax.jit
+def _ranking_compute(hi, lo, top, key_min, key_max, invalid, tpr):
+  """:class:`BinnedRanking` of one state ([bins, 4] sums, bins ascending in confidence) and
+  whether its losses are graded; ``tpr`` any shape.
+
+  The bins' quantities are stacked and each step runs once on the stack (one conversion
+  to float, one product, one sum over the bins, one exact rounding): the program, and its
+  compilation, stay small.
+  """
+  count = (top[:, 0], hi[:, 0], lo[:, 0])
+  loss = (top[:, 1], hi[:, 1], lo[:, 1])
+  # 0/1 losses add whole multiples of 4096 in the first loss digit and nothing below it.
+  graded = jnp.any(loss[2] != 0) | jnp.any(
+      (top[:, 2:] != 0) | (hi[:, 2:] != 0) | (lo[:, 2:] != 0))
+  errors = _units(loss)
+  # Per bin [bins, 2]: (wrong, correct); then at or above it, strictly above and strictly below.
+  own = tuple(jnp.stack(pair, axis=-1) for pair in zip(errors, _exact.wide_sub(count, errors)))
+  upto = _suffix_sums(own)
+  above = _exact.wide_sub(upto, own)
+  below = _exact.wide_sub(tuple(x[0] for x in upto), upto)
+  e, c = _column(own, 0), _column(own, 1)
+  single = key_min == key_max
+
+  # AUROC: twice the numerator, sum_b c_b (2 E'_b + e_b), in exact integers: the limbs of the
+  # products c_b E'_b and c_b e_b, the latter split by whether the bin holds one confidence.
+  products = _product_limbs(c, _stack_wide([_column(below, 0), e]))  # ten limbs [2, bins]
+  pair_columns = ([x[0] for x in products] + [jnp.where(single, x[1], 0) for x in products]
+                  + [jnp.where(single, 0, x[1]) for x in products])
+
+  # The exact counts as float32 [bins, 2] each (one conversion): (wrong, correct) in the bin,
+  # at or above it, strictly above and strictly below. Sums of these are exact below 2^24.
+  floats = _exact.wide_to_float(tuple(jnp.concatenate(limbs, axis=-1)
+                                      for limbs in zip(own, upto, above, below)))
+  e_f, c_f, e_upto_f, c_upto_f, e_above_f, c_above_f, e_below_f, c_below_f = floats.T
+  n_wrong, n_right = e_upto_f[0], c_upto_f[0]  # the lowest bin's "at or above": the totals
+  invalid = invalid | _past_capacity(top, hi)
+  bad = invalid | (n_right + n_wrong == 0) | graded
+  nonempty = (e_f + c_f) > 0
+  k_above, k_below = e_above_f + c_above_f, e_below_f + c_below_f
+
+  # Average precision: per bin, recall gained times precision, each float32 term in [0, 1]
+  # summed exactly (as average_precision); a bin of one confidence takes the estimate's.
+  of_correct = jnp.arange(6) < 3  # rows: AP (estimate, low, high), AP-error (the same)
+  estimate = jnp.arange(6) % 3 == 0
+  numerators = jnp.stack([c_upto_f, c_above_f + 1.0, c_upto_f, e_below_f + e_f, e_below_f + 1.0,
+                          e_below_f + e_f])
+  denominators = jnp.stack([k_above + (c_f + e_f), k_above + (e_f + 1.0), k_above + c_f,
+                            k_below + (c_f + e_f), k_below + (c_f + 1.0), k_below + e_f])
+  precision = numerators / jnp.maximum(denominators, 1.0)
+  precision = jnp.where(single | estimate[:, None], precision[jnp.array([0, 0, 0, 3, 3, 3])],
+                        precision)
+  gained = jnp.where(of_correct[:, None], c_f, e_f)
+  gain = gained / jnp.maximum(jnp.where(of_correct, n_right, n_wrong), 1.0)[:, None]
+  terms = jnp.where(gained > 0, gain * precision, 0.0)
+  digit_columns = list(jnp.concatenate(_exact.wide_digits(terms, 4)))  # 24 [bins], digit-major
+
+  sums_hi, sums_lo = _column_totals(jnp.stack(pair_columns + digit_columns, axis=-1))
+  # One exact rounding of nine values: the AUROC (estimate, low, high) twice-numerators
+  # 2 S1 + S2_single + (1, 0, 2) S2_other, then the six AP sums.
+  auroc_signs = ((0, [(1, 1, 1), (1, 1, 1)]), (10, [(1, 1, 1)]), (20, [(1, 0, 1), (0, 0, 1)]))
+  parts = [(jnp.array(sign + (0,) * 6, jnp.int32), sums_hi[first + place],
+            sums_lo[first + place], place)
+           for first, signs in auroc_signs for sign in signs for place in range(10)]
+  pad = jnp.zeros((3,), jnp.int32)
+  ap_sums = lambda sums, j: jnp.concatenate([pad, sums[30 + 6 * j:36 + 6 * j]])  # noqa: E731
+  parts += [(jnp.array((0,) * 3 + (1,) * 6, jnp.int32), ap_sums(sums_hi, j), ap_sums(sums_lo, j),
+             -1 - j) for j in range(4)]
+  values = _exact.exact_float(parts)
+  pairs = 2.0 * n_right * n_wrong
+  both = (n_right > 0) & (n_wrong > 0)
+  auroc = jnp.where(both, _stats.divide((values[:3], jnp.maximum(pairs, 1.0)))[0], jnp.nan)
+  ap = jnp.where(jnp.where(of_correct, n_right > 0, n_wrong > 0), values[3:], jnp.nan)
+
+  # FPR: the first bin from the top (the last in ascending order) whose threshold reaches tpr.
+  rate = _stats.divide((c_upto_f, jnp.maximum(n_right, 1.0)))[0]
+  target = tpr.reshape(-1) - _TARGET_SLACK
+  reaches = nonempty & (rate >= target[:, None])  # [T, bins]
+  star = jnp.max(jnp.where(reaches, jnp.arange(rate.shape[0], dtype=jnp.int32), -1), axis=1)
+  at = jnp.maximum(star, 0)
+  fpr_high, fpr_low = _stats.divide((e_upto_f[at], jnp.maximum(n_wrong, 1.0)),
+                                    (e_above_f[at], jnp.maximum(n_wrong, 1.0)))
+  fpr_low = jnp.where(single[at], fpr_high, fpr_low)
+  fpr = [jnp.where(both & (star >= 0), x, jnp.nan).reshape(tpr.shape)
+         for x in (fpr_high, fpr_low, fpr_high)]
+
+  fin = lambda x: jnp.where(bad, jnp.nan, x)  # noqa: E731
+  return BinnedRanking(
+      auroc=fin(auroc[0]), auroc_low=fin(auroc[1]), auroc_high=fin(auroc[2]),
+      fpr_at_tpr=fin(fpr[0]), fpr_at_tpr_low=fin(fpr[1]), fpr_at_tpr_high=fin(fpr[2]),
+      average_precision=fin(ap[0]), average_precision_low=fin(ap[1]),
+      average_precision_high=fin(ap[2]), average_precision_error=fin(ap[3]),
+      average_precision_error_low=fin(ap[4]), average_precision_error_high=fin(ap[5]),
+      exact=jnp.all(single | ~nonempty) & ~bad), graded
