@@ -73,13 +73,29 @@ case "$cmd" in
       "${pytest[@]}" "$@"
       exit
     fi
+    # XLA flags that make compiling (most of the suite's time) cheaper: unoptimized CPU code
+    # generation, same IEEE arithmetic, but not always the same rounding as another program of the
+    # same math. So the cases marked xla_defaults (bit equality of two programs), slow or
+    # interpreted run with XLA's defaults, and CI covers both. Skipped if this jaxlib refuses them.
+    fast_flags="--xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=0"
+    fast_flags+=" --xla_llvm_disable_expensive_passes=true"
+    quick=(env)
+    if XLA_FLAGS="${XLA_FLAGS:-} $fast_flags" "$venv/bin/python" -c \
+        'import jax.numpy as jnp; jnp.zeros(2).block_until_ready()' >/dev/null 2>&1; then
+      quick=(env XLA_FLAGS="${XLA_FLAGS:-} $fast_flags")
+    else
+      echo "[dev.sh] this jaxlib refuses the compile-time flags; the quick checks run with XLA's defaults" >&2
+    fi
     # The suite, without the end-to-end cases marked slow (whole commands, kills, installs,
     # notebooks, benchmark smoke runs) and the accelerator kernels run through the Pallas
     # interpreter (marked interpreted); CI, or CWSA_JAX_SLOW=1, runs those next.
-    "${pytest[@]}" -m "not slow and not interpreted"
+    "${quick[@]}" "${pytest[@]}" -m "not slow and not interpreted and not xla_defaults"
     if [ -n "${CI:-}" ] || [ "${CWSA_JAX_SLOW:-0}" = 1 ]; then
-      echo "[dev.sh] the cases marked slow or interpreted" >&2
-      "${pytest[@]}" -m "slow or interpreted"
+      echo "[dev.sh] the cases marked xla_defaults, slow or interpreted" >&2
+      "${pytest[@]}" -m "xla_defaults or slow or interpreted"
+    else
+      echo "[dev.sh] the cases marked xla_defaults" >&2
+      "${pytest[@]}" -m "xla_defaults and not slow and not interpreted"
     fi
     ;;
   docs)

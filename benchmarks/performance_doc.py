@@ -70,7 +70,12 @@ TEXT["suite"] = """\
 cache folder (`~/.cache/cwsa-jax/test-compilation-cache`, bounded in size, least recently used
 entries evicted first): most of the suite's CPU time is XLA compiling the programs the tests build, and a
 second run compiles only the programs a change touched. CI (`CI` set) starts cold with a cache of
-its own for the run, removed at the end; remove the folder to time a cold run locally. `benchmarks/suite_compile_time.py` measures where it goes: `PYTHONPATH=benchmarks
+its own for the run, removed at the end; remove the folder to time a cold run locally. The quick
+checks run with XLA flags for unoptimized CPU code generation (`fast_flags` in `dev.sh`), which
+compiles faster with the same IEEE arithmetic; the tests that assert two separately compiled programs
+give the same bits (marked `xla_defaults`), the end-to-end cases (`slow`) and the Pallas-interpreter
+kernels (`interpreted`) run with XLA's defaults after them, the last two in CI or with
+`CWSA_JAX_SLOW=1`. `benchmarks/suite_compile_time.py` measures where it goes: `PYTHONPATH=benchmarks
 CWSA_JAX_COMPILE_STATS=DIR ./dev.sh test -p suite_compile_time`, then `python
 benchmarks/suite_compile_time.py DIR`. Its summary is not committed under `results/benchmarks/`, so this
 page gives no figures for it.

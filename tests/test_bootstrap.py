@@ -724,6 +724,7 @@ def test_poisson_multiplicities_are_poisson_and_depend_on_the_row_only():
     _poisson_multiplicities(KEY, np.array([-1, 2]), 3)
 
 
+@pytest.mark.slow
 def test_bootstrap_evaluation_poisson_coverage_of_known_population_values():
   # As test_coverage_of_known_population_values: c ~ U[0, 1], correct ~ Bernoulli(c) gives
   # accuracy 1/2, CWSA and selective accuracy at 0.5 of 1/3 and 3/4, and step AURC
@@ -745,7 +746,8 @@ def test_bootstrap_evaluation_poisson_coverage_of_known_population_values():
   assert np.all((0.88 <= covered) & (covered <= 0.995)), covered
 
 
-@pytest.mark.parametrize("convention, n", [("step", 70_000), ("trapezoid", 20_000)])
+@pytest.mark.parametrize("convention, n", [
+    pytest.param("step", 70_000, marks=pytest.mark.slow), ("trapezoid", 20_000)])
 def test_streamed_evaluation_bootstrap_equals_the_in_memory_poisson_one(convention, n):
   """Ranges of confidence (ties at range ends; at n = 70000 one range larger than the
   padding unit of 65536 rows: two compilations) with global row numbers: the in-memory

@@ -152,6 +152,7 @@ def test_evaluate_csv_matches_references(tmp_path, capsys, csv_file, model):
   assert "## Summary" in report and "](threshold_curves.png)" in report
 
 
+@pytest.mark.slow
 def test_evaluate_all_formats_agree(tmp_path, capsys, csv_file, model):
   probs = np.asarray(synthetic.to_probs(model))
   logits = np.log(probs) + 3.0
@@ -625,6 +626,7 @@ def test_evaluate_reports_bootstrap_intervals(tmp_path, capsys, csv_file, model)
   assert "intervals" not in load(out2)
 
 
+@pytest.mark.slow
 def test_evaluate_resampling_schemes(tmp_path, capsys, csv_file, model):
   """--resampling multinomial gives bootstrap_ci's resamples; Poisson is refused where only
   the multinomial bootstrap applies, and is not the default there."""
@@ -677,6 +679,7 @@ def test_compare_paired_difference_interval_and_p_value(tmp_path, capsys, pair):
   assert all(v == 0 for v in s["difference"]["cwsa"]) and s["p_value"]["aurc"] == 1
 
 
+@pytest.mark.slow
 def test_compare_resampling_schemes(tmp_path, capsys, pair):
   """Poisson row weights by default (as evaluate); --resampling multinomial gives
   paired_bootstrap's resamples, each model sorted once: its values to float32 rounding."""

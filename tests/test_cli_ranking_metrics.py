@@ -85,7 +85,7 @@ def test_confidence_files_have_no_classwise_ece(tmp_path, capsys, data):
   assert r["difference"]["smooth_ece"] != 0
 
 
-@pytest.mark.parametrize("scheme", ["poisson", "multinomial"])
+@pytest.mark.parametrize("scheme", [pytest.param("poisson", marks=pytest.mark.slow), "multinomial"])
 def test_peer_resamples_are_the_library_on_the_resampled_rows(data, scheme):
   probs, labels = data
   probs = probs.astype(np.float32)

@@ -304,6 +304,7 @@ def test_group_that_retains_nothing_shows_dash_and_is_left_out_of_every_gap(tmp_
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_reproduce_calibrated_coverage_note_holds_for_the_rows_it_names(tmp_path, capsys):
   out = tmp_path / "rep"
   _run_cli(["reproduce-paper", "--out", out, "--seeds", "20", "--no-progress"], capsys)

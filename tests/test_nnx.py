@@ -228,6 +228,7 @@ def test_training_evaluation_metrics_equal_one_pass():
 # --------------------------------------------------------------------------- 4 devices
 
 
+@pytest.mark.slow
 def test_shard_map_psum_and_sharded_jit_on_four_devices():
   env = dict(os.environ)
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()

@@ -178,6 +178,7 @@ def test_special_and_impossible_out_paths(tmp_path, capsys, data, monkeypatch, c
   no_temporaries(work)
 
 
+@pytest.mark.slow
 def test_compare_out_paths(tmp_path, capsys, data):
   c, ok = data
   a, b = tmp_path / "a.npz", tmp_path / "b.npz"

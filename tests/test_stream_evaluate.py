@@ -212,6 +212,7 @@ def test_figures_and_progress(tmp_path, capsys, monkeypatch):
   assert "drawn from the streamed confidence histogram (binned)" in (out / "report.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("convention", ["step", "trapezoid"])
 def test_stream_intervals_equal_in_memory(tmp_path, capsys, monkeypatch, convention):
   """Poisson intervals over several bootstrap passes and two files (rows numbered across

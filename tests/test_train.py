@@ -341,6 +341,7 @@ def test_device_batches_equal_host_batches():
       np.testing.assert_array_equal(np.asarray(dy), y)
 
 
+@pytest.mark.xla_defaults
 def test_train_step_equals_host_fed_steps():
   """The device-side pipeline takes the steps a host-fed loop takes, bit for bit: same batches,
   augmentation keys, dropout, temperature schedule and updates."""

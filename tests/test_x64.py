@@ -195,6 +195,7 @@ def test_exact_metric_gradients_with_x64_on_are_the_float32_ones_in_float64():
     assert np.any(ref != 0), name
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("error::FutureWarning", "error::UserWarning")
 def test_cli_evaluate_is_the_same_with_x64_on(tmp_path, capsys):
   """The commands compute in 32 bits whatever JAX_ENABLE_X64 says: same report, no dtype warnings."""
