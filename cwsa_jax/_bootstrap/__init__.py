@@ -40,7 +40,9 @@ block per index, is cheaper on CPU than ``jax.random.randint`` (two blocks per
 index, in a rolled loop); ``benchmarks/bench_bootstrap.py`` measures it.
 ``_sampler._resample_indices`` returns the indices, for tests.
 
-The package, from the bottom up: ``_checks`` (argument checks), ``_sampler``
+The package, from the bottom up: ``_stand_ins`` (concrete scores mapped once on the host:
+real-valued scores of the order metrics, float64 confidences finer than float32),
+``_checks`` (argument checks), ``_sampler``
 (the random indices and Poisson multiplicities above), ``_runner`` (the host
 loop of jitted blocks and :func:`reporting`), ``_intervals`` (result types,
 percentiles, p-values), ``_fast_forms`` (the metrics bucketed once), ``_api``

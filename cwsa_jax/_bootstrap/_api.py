@@ -14,7 +14,9 @@ import jax.numpy as jnp
 
 from cwsa_jax import _public
 from cwsa_jax import _stats
+from cwsa_jax import _sweep
 from cwsa_jax import _validation
+from cwsa_jax._bootstrap import _stand_ins
 from cwsa_jax._bootstrap._checks import _check_common
 from cwsa_jax._bootstrap._checks import _check_data
 from cwsa_jax._bootstrap._checks import _check_fn
@@ -116,6 +118,7 @@ def _paired_block_jit(fn, c_a, k_a, c_b, k_b, key, start, size, num_chunks):
 
 # --- public API -------------------------------------------------------------
 
+@_stand_ins.mapped
 @_public.entry
 def bootstrap_samples(fn: Callable, confidences, correct, *, key, num_resamples: int = 1000,
                       chunk_size: int | None = None):
@@ -141,7 +144,7 @@ def bootstrap_samples(fn: Callable, confidences, correct, *, key, num_resamples:
     >>> s.shape
     (5,)
   """
-  c, k = _check_data(confidences, correct)
+  c, k = _check_data(confidences, correct, fn=fn)
   _check_fn(fn)
   key, num_resamples, chunk_size = _check_common(key, num_resamples, chunk_size, c.shape[0])
   if _traced(c, k, key):
@@ -150,6 +153,7 @@ def bootstrap_samples(fn: Callable, confidences, correct, *, key, num_resamples:
                     num_resamples, chunk_size, c.shape[0])
 
 
+@_stand_ins.mapped
 @_public.entry
 def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int = 1000,
                  level: float = 0.95, chunk_size: int | None = None) -> BootstrapResult:
@@ -192,10 +196,38 @@ def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int 
   of their sums. A lambda around any of them takes the generic path: each
   resample recomputes ``fn`` from its gathered samples.
 
+  Real-valued scores and float64 confidences. A resample repeats and drops
+  samples: it keeps their order, their ties and each one's side of a fixed
+  threshold. So concrete scores are mapped once, on the host, before
+  resampling (``_stand_ins``), which is exact: when ``fn`` is a metric of the
+  scores' order alone (:func:`~cwsa_jax.aurc`, :func:`~cwsa_jax.augrc`,
+  :func:`~cwsa_jax.eaurc`, :func:`~cwsa_jax.risk_coverage_summary`,
+  :func:`~cwsa_jax.risk_coverage_curve`, :func:`~cwsa_jax.risk_at_coverage`,
+  :func:`~cwsa_jax.coverage_at_risk`, :func:`~cwsa_jax.auroc`,
+  :func:`~cwsa_jax.fpr_at_tpr`, :func:`~cwsa_jax.average_precision`),
+  scores outside [0, 1] or finer than float32 become float32 stand-ins with
+  the same order and ties (the curve's thresholds stay the scores' values:
+  that curve compiles per call, its table of values a constant of the
+  program), and every value equals that of the scores themselves; when ``fn`` compares
+  confidences with fixed thresholds (:func:`~cwsa_jax.cwsa`,
+  :func:`~cwsa_jax.cwsa_plus`, :func:`~cwsa_jax.selective_accuracy` at
+  ``tau``, :func:`~cwsa_jax.sweep`, :func:`~cwsa_jax.aumcc`, and
+  :func:`~cwsa_jax.ece` / :func:`~cwsa_jax.calibration_bins` with
+  equal-width bins), float64 confidences become stand-ins at most one float32
+  ulp away that keep every float64 comparison with the thresholds. ``fn`` is
+  recognised by identity only: the function itself or a keyword-only
+  ``functools.partial`` of it. Any other ``fn`` (a lambda, even one around an
+  order metric) may need probabilities: it gets float32 confidences in
+  [0, 1] as inside ``jit``, real-valued scores raise ``ValueError``, and
+  float64 confidences are rounded to float32 (so are equal-mass ECE bins,
+  order statistics of each resample). Traced inputs are not mapped: inside
+  ``jit`` the confidences are float32 in [0, 1] (others give NaN).
+
   Args:
     fn: ``(confidences [n], correct [n]) -> metric``, where the metric is a
       scalar, an array or any pytree of them (e.g. :class:`~cwsa_jax.SweepResult`).
-    confidences: [n] confidences in [0, 1].
+    confidences: [n] confidences in [0, 1]; any finite real scores when
+      ``fn`` is a metric of their order alone (see above).
     correct: [n] bool or 0/1 correctness, or graded correctness in [0, 1].
     key: a JAX PRNG key (``jax.random.key(seed)``; legacy
       ``jax.random.PRNGKey`` keys work too).
@@ -212,8 +244,10 @@ def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int 
 
   Raises:
     ValueError: on a bad key, level, num_resamples, chunk_size or fn, or on
-      inputs that are not 1-D, differ in shape, are empty, or hold NaN or
-      values outside [0, 1].
+      inputs that are not 1-D, differ in shape, are empty, or hold NaN, or
+      hold values outside [0, 1] for an ``fn`` that is not a metric of the
+      scores' order alone (the message says so); on float64 confidences
+      between two thresholds that float32 rounds to one value.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -225,7 +259,7 @@ def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int 
     >>> print(f"{float(r.estimate):.3f} [{float(r.low):.3f}, {float(r.high):.3f}]")
     0.250 [-0.100, 0.551]
   """
-  c, k = _check_data(confidences, correct)
+  c, k = _check_data(confidences, correct, fn=fn)
   _check_fn(fn)
   key, num_resamples, chunk_size = _check_common(key, num_resamples, chunk_size, c.shape[0])
   level = _check_level(level)
@@ -245,6 +279,7 @@ def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int 
   return BootstrapResult(estimate, *_interval_jit(samples, jnp.float32(level)))
 
 
+@_stand_ins.mapped
 @_public.entry
 def paired_bootstrap(fn: Callable, confidences_a, correct_a, confidences_b, correct_b, *, key,
                      num_resamples: int = 1000, level: float = 0.95,
@@ -268,7 +303,9 @@ def paired_bootstrap(fn: Callable, confidences_a, correct_a, confidences_b, corr
   resample. NaN differences are left out of the quantiles and of the counts
   (B then counts the non-NaN ones); all-NaN gives NaN. The forms of ``fn``
   that :func:`bootstrap_ci` buckets or sorts once are bucketed or sorted once
-  per model here.
+  per model here, and its scores are mapped as there (real-valued scores of an
+  order metric: one set of stand-ins for both models' scores together, so
+  the curve's thresholds map back to either model's values).
 
   Args:
     fn: as in :func:`bootstrap_ci`.
@@ -294,8 +331,8 @@ def paired_bootstrap(fn: Callable, confidences_a, correct_a, confidences_b, corr
     ...       f"p = {float(r.p_value):.3f}")
     -0.250 [-0.576, -0.025] p = 0.050
   """
-  c_a, k_a = _check_data(confidences_a, correct_a, "_a")
-  c_b, k_b = _check_data(confidences_b, correct_b, "_b")
+  c_a, k_a = _check_data(confidences_a, correct_a, "_a", fn=fn)
+  c_b, k_b = _check_data(confidences_b, correct_b, "_b", fn=fn)
   if c_a.shape != c_b.shape:
     raise ValueError(
         f"models a and b must be scored on the same samples: got n = {c_a.shape[0]} and "
@@ -321,6 +358,7 @@ def paired_bootstrap(fn: Callable, confidences_a, correct_a, confidences_b, corr
   return PairedBootstrapResult(*estimates, *_paired_interval_jit(samples, jnp.float32(level)))
 
 
+@_stand_ins.mapped
 @_public.entry
 def bootstrap_sweep(confidences, correct, thresholds, *, key, num_resamples: int = 1000,
                     level: float = 0.95, chunk_size: int | None = None,
@@ -338,10 +376,12 @@ def bootstrap_sweep(confidences, correct, thresholds, *, key, num_resamples: int
   graded: c and kappa) into the sweep's own sums (``_sweep.bucket_sums``).
   The per-resample sums are the same exact integers, so the resampled values
   agree with the generic path to float32 rounding of the final divisions.
+  Concrete float64 confidences are compared with the thresholds in float64,
+  as :func:`bootstrap_ci` does for ``sweep``.
 
   Args:
-    confidences, correct, key, num_resamples, level, chunk_size: as in
-      :func:`bootstrap_ci`.
+    confidences: [n] confidences in [0, 1] (real-valued scores raise ``ValueError``).
+    correct, key, num_resamples, level, chunk_size: as in :func:`bootstrap_ci`.
     thresholds: [T] thresholds in [0, 1).
     normalize: as in :func:`~cwsa_jax.sweep`.
 
@@ -357,7 +397,7 @@ def bootstrap_sweep(confidences, correct, thresholds, *, key, num_resamples: int
     0.250 [-0.100, 0.551]
   """
   _stats.check_normalize(normalize)
-  c, k = _check_data(confidences, correct)
+  c, k = _check_data(confidences, correct, fn=_sweep.sweep)
   t = _validation.as_thresholds(thresholds)
   key, num_resamples, chunk_size = _check_common(key, num_resamples, chunk_size, c.shape[0])
   level = _check_level(level)

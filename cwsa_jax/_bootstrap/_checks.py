@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from cwsa_jax import _validation
+from cwsa_jax._bootstrap import _stand_ins
 
 # Elements (chunk_size * n) per chunk when chunk_size is None: resamples of a
 # small test set are batched, one of n >= 65536 samples runs alone.
@@ -41,7 +42,9 @@ def _check_level(level: Any) -> Any:
   return value
 
 
-def _check_data(confidences: Any, correct: Any, suffix: str = ""):
+def _check_data(confidences: Any, correct: Any, suffix: str = "", *, fn: Any = None):
+  """Checked [n] confidences (float, NaN rows under a trace) and correctness; ``fn``: the
+  metric the data are for, named when it refuses real-valued scores (``_stand_ins``)."""
   c = _validation.as_float_array(confidences, f"confidences{suffix}")
   k = _validation.correct_array(correct, f"correct{suffix}")
   if c.ndim != 1 or k.ndim != 1:
@@ -50,7 +53,9 @@ def _check_data(confidences: Any, correct: Any, suffix: str = ""):
   try:
     invalid = _validation.check_samples(c, k, names=(f"confidences{suffix}", f"correct{suffix}"))
   except ValueError as e:
-    raise ValueError(f"{e} (model {suffix[1:]})" if suffix else str(e)) from None
+    named = fn is not None and c.shape == k.shape  # a range error, not one of shapes
+    message = str(e) + (_stand_ins.refusal(fn, c) if named else "")
+    raise ValueError(f"{message} (model {suffix[1:]})" if suffix else message) from None
   # Traced invalid data (inside a user's jit/vmap): every confidence becomes NaN,
   # so the estimate and every resample are NaN, whatever ``fn`` computes.
   return _validation.poison(c, rows=invalid), _validation.convert_correct(k)
