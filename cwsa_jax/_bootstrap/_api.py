@@ -16,7 +16,6 @@ from cwsa_jax import _public
 from cwsa_jax import _stats
 from cwsa_jax import _sweep
 from cwsa_jax import _validation
-from cwsa_jax._bootstrap import _stand_ins
 from cwsa_jax._bootstrap._checks import _check_common
 from cwsa_jax._bootstrap._checks import _check_data
 from cwsa_jax._bootstrap._checks import _check_fn
@@ -41,6 +40,7 @@ from cwsa_jax._bootstrap._runner import run_blocks
 from cwsa_jax._bootstrap._sampler import _RESAMPLING
 from cwsa_jax._bootstrap._sampler import _map_block
 from cwsa_jax._bootstrap._sampler import _map_resamples
+from cwsa_jax._bootstrap._stand_ins import mapped
 
 
 @functools.partial(jax.jit, static_argnames=("fn", "num_resamples", "chunk_size"))
@@ -118,7 +118,7 @@ def _paired_block_jit(fn, c_a, k_a, c_b, k_b, key, start, size, num_chunks):
 
 # --- public API -------------------------------------------------------------
 
-@_stand_ins.mapped
+@mapped
 @_public.entry
 def bootstrap_samples(fn: Callable, confidences, correct, *, key, num_resamples: int = 1000,
                       chunk_size: int | None = None):
@@ -153,7 +153,7 @@ def bootstrap_samples(fn: Callable, confidences, correct, *, key, num_resamples:
                     num_resamples, chunk_size, c.shape[0])
 
 
-@_stand_ins.mapped
+@mapped
 @_public.entry
 def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int = 1000,
                  level: float = 0.95, chunk_size: int | None = None) -> BootstrapResult:
@@ -279,7 +279,7 @@ def bootstrap_ci(fn: Callable, confidences, correct, *, key, num_resamples: int 
   return BootstrapResult(estimate, *_interval_jit(samples, jnp.float32(level)))
 
 
-@_stand_ins.mapped
+@mapped
 @_public.entry
 def paired_bootstrap(fn: Callable, confidences_a, correct_a, confidences_b, correct_b, *, key,
                      num_resamples: int = 1000, level: float = 0.95,
@@ -358,7 +358,7 @@ def paired_bootstrap(fn: Callable, confidences_a, correct_a, confidences_b, corr
   return PairedBootstrapResult(*estimates, *_paired_interval_jit(samples, jnp.float32(level)))
 
 
-@_stand_ins.mapped
+@mapped
 @_public.entry
 def bootstrap_sweep(confidences, correct, thresholds, *, key, num_resamples: int = 1000,
                     level: float = 0.95, chunk_size: int | None = None,

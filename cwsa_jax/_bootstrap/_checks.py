@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from cwsa_jax import _validation
-from cwsa_jax._bootstrap import _stand_ins
+from cwsa_jax._bootstrap._stand_ins import refusal
 
 # Elements (chunk_size * n) per chunk when chunk_size is None: resamples of a
 # small test set are batched, one of n >= 65536 samples runs alone.
@@ -54,7 +54,7 @@ def _check_data(confidences: Any, correct: Any, suffix: str = "", *, fn: Any = N
     invalid = _validation.check_samples(c, k, names=(f"confidences{suffix}", f"correct{suffix}"))
   except ValueError as e:
     named = fn is not None and c.shape == k.shape  # a range error, not one of shapes
-    message = str(e) + (_stand_ins.refusal(fn, c) if named else "")
+    message = str(e) + (refusal(fn, c) if named else "")
     raise ValueError(f"{message} (model {suffix[1:]})" if suffix else message) from None
   # Traced invalid data (inside a user's jit/vmap): every confidence becomes NaN,
   # so the estimate and every resample are NaN, whatever ``fn`` computes.
