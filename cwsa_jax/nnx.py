@@ -135,6 +135,14 @@ class _StateMetric(nnx.metrics.Metric):
         broadcastable to [..., n]; an entry 0 ignores its sample, any other
         value keeps it (a NaN entry raises, or under ``jit`` makes the metric
         NaN). Any other keyword (a loss, images) is ignored.
+
+    Float64: an eager update (outside ``jit``) with concrete float64
+    ``confidences=`` or ``probs=`` compares them with a
+    :class:`SweepMetric`'s or :class:`ThresholdMetric`'s thresholds and
+    puts them in a :class:`CalibrationMetric`'s bins in float64, as the
+    states' ``from_model_output`` does (``c = 0.5 - 1e-9`` is not retained
+    at ``tau = 0.5``). Under ``nnx.jit`` the inputs are float32 (a 64-bit
+    tracer is rounded first), so the comparisons are float32's there.
     """
     state = self.streaming_state()
     if axis_name is None:
@@ -160,7 +168,9 @@ class SweepMetric(_StateMetric):
 
   ``compute()`` returns the :class:`~cwsa_jax.SweepResult` of
   :func:`~cwsa_jax.sweep` on every sample added since the last ``reset()``,
-  bit for bit.
+  bit for bit. Eager updates with concrete float64 confidences compare them
+  with the thresholds in float64, as :func:`~cwsa_jax.sweep` does; under
+  ``nnx.jit`` the inputs are float32 (see :meth:`update`).
 
   Args:
     thresholds: [T] thresholds in [0, 1).
@@ -196,7 +206,9 @@ class ThresholdMetric(_StateMetric):
   ``compute()`` returns ``sweep(c, kappa, [tau]).<metric>[0]`` on every sample
   added since the last ``reset()``, bit for bit: a scalar that loggers and
   ``clu.metric_writers.write_scalars`` take as they take ``Accuracy``'s. It
-  holds the state of :meth:`SweepState.at <cwsa_jax.streaming.SweepState.at>`.
+  holds the state of :meth:`SweepState.at <cwsa_jax.streaming.SweepState.at>`
+  (``tau`` kept in the precision given; eager float64 updates compared with it
+  in float64, under ``nnx.jit`` float32: see :meth:`update`).
 
   Args:
     tau: the threshold, in [0, 1).
@@ -229,7 +241,10 @@ class CalibrationMetric(_StateMetric):
 
   ``compute()`` equals :func:`~cwsa_jax.ece` (``binning="width"``, the same
   ``num_bins`` and ``norm``) on every sample added since the last ``reset()``;
-  ``streaming_state().bins()`` gives the reliability-diagram bins.
+  ``streaming_state().bins()`` gives the reliability-diagram bins. Eager
+  updates with concrete float64 confidences put them in their float64 bins,
+  as :func:`~cwsa_jax.ece` does; under ``nnx.jit`` the inputs are float32
+  (see :meth:`update`).
 
   Args:
     num_bins: number of equal-width bins.

@@ -1,5 +1,12 @@
 """The exact mergeable state of the ECE family and reliability bins (:class:`CalibrationState`)
-and its kernels."""
+and its kernels.
+
+Concrete float64 confidences (and the maxima of concrete float64 probabilities)
+fall in their float64 bins, as in :func:`~cwsa_jax.ece`: each is replaced on
+the host by the float32 stand-in of ``_calibration._float64_bins`` (edges
+``j / B`` in float64) before the kernels round their input to float32. Inside
+``jit`` the inputs are float32 already: nothing changes there.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +33,8 @@ from cwsa_jax._states._common import _prepare_batch
 from cwsa_jax._states._common import _reduced
 from cwsa_jax._states._common import _sum_leading
 from cwsa_jax._states._common import public
+from cwsa_jax._states._sweep_state import float64_kept
+from cwsa_jax._states._sweep_state import float64_outputs
 
 _CAL_WIDTH = _stats.CALIBRATION_COLUMNS  # count, kappa digits, (1 - c) digits
 
@@ -42,7 +51,10 @@ class CalibrationState:
   ``sum_b (c - kappa) = (n_b - A_b) - U_b``. The sums come from the same
   pipeline as :func:`~cwsa_jax.ece` (``_calibration.bin_sums``), so a state
   of all the data, however split and merged, computes the same values bit for
-  bit.
+  bit. Concrete float64 confidences (and probabilities, in
+  :meth:`from_model_output`) fall in their float64 bins (edges ``j / B``),
+  as :func:`~cwsa_jax.ece` puts them; inside ``jit`` the inputs are float32
+  already, so nothing changes there.
 
   Capacity: exact to 2^53 (9.0e15) samples in total, as :class:`SweepState`;
   :meth:`bins` gives a bin's count as -1 from 2^31 samples (int32).
@@ -86,8 +98,10 @@ class CalibrationState:
     """The state of one batch [..., n] (leading axes kept as batch axes of the state).
 
     ``mask``: optional bool, integer or float array broadcastable to [..., n];
-    0 marks padding (see :meth:`SweepState.from_batch`).
+    0 marks padding (see :meth:`SweepState.from_batch`). Concrete float64
+    confidences fall in their float64 bins (see the class).
     """
+    confidences = cls._kept(confidences, num_bins, mask)
     return cls._from_batch(confidences, correct, num_bins, mask, one_stream=False)
 
   @classmethod
@@ -95,9 +109,18 @@ class CalibrationState:
                         labels: Any = None, probs: Any = None, mask: Any = None,
                         **_: Any) -> CalibrationState:
     """The state of one batch of model outputs, all leading axes one stream (clu's protocol);
-    see :meth:`SweepState.from_model_output`."""
-    c, k = _model_outputs(cls.__name__, confidences, correct, logits, labels, probs)
+    see :meth:`SweepState.from_model_output` (concrete float64 probabilities: the float64
+    maximum, in its float64 bin, and ``argmax == label`` in float64)."""
+    c, k = float64_outputs(confidences, correct, logits, labels, probs, _model_outputs(
+        cls.__name__, confidences, correct, logits, labels, probs))
+    c = cls._kept(c, None, mask)
     return cls._from_batch(c, k, None, mask, one_stream=True)
+
+  @classmethod
+  def _kept(cls, confidences: Any, num_bins: int | None, mask: Any) -> Any:
+    """``confidences`` with concrete float64 values as the stand-ins of their float64 bins."""
+    options = {"num_bins": cls._num_bins if num_bins is None else num_bins, "binning": "width"}
+    return float64_kept(confidences, mask, lambda c64: _calibration._float64_bins(c64, options))
 
   @classmethod
   @_public.entry

@@ -1,9 +1,18 @@
-"""The exact mergeable state of :func:`~cwsa_jax.sweep` (:class:`SweepState`) and its kernels."""
+"""The exact mergeable state of :func:`~cwsa_jax.sweep` (:class:`SweepState`) and its kernels.
+
+Concrete float64 confidences (NumPy arrays, lists of Python floats, JAX arrays
+under ``jax_enable_x64``), and the maxima of concrete float64 probabilities, are
+compared with the thresholds in float64 as :func:`~cwsa_jax.sweep` compares
+them: each is replaced on the host by the float32 stand-in of
+``_threshold_order`` (:func:`float64_kept`) before the state's kernels round
+their input to float32. Inside ``jit`` the inputs are float32 already: nothing
+changes there.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +22,7 @@ from cwsa_jax import _exact
 from cwsa_jax import _public
 from cwsa_jax import _stats
 from cwsa_jax import _sweep
+from cwsa_jax import _threshold_order
 from cwsa_jax import _validation
 from cwsa_jax._states._common import _batched
 from cwsa_jax._states._common import _check_capacity
@@ -26,6 +36,57 @@ from cwsa_jax._states._common import _prepare_batch
 from cwsa_jax._states._common import _reduced
 from cwsa_jax._states._common import _sum_leading
 from cwsa_jax._states._common import public
+
+
+def float64_kept(confidences: Any, mask: Any,
+                 stand_ins_of: Callable[[np.ndarray], np.ndarray | None]) -> Any:
+  """``confidences`` [..., n] with concrete float64 values replaced by float32 stand-ins.
+
+  ``stand_ins_of(c64)`` maps the float64 confidences (every entry in [0, 1]) to their
+  stand-ins (``_threshold_order``), or None to leave them. Entries that ``mask`` drops are
+  taken as 0 first (padding may hold anything; the state ignores them). Anything else
+  (float32 and narrower, tracers, input the checks refuse) is returned as it is.
+  """
+  if isinstance(confidences, jax.core.Tracer) or isinstance(mask, jax.core.Tracer):
+    return confidences
+  if isinstance(confidences, (np.ndarray, jax.Array, np.generic)):
+    dtype = np.dtype(confidences.dtype)
+    if dtype.kind != "f" or dtype.itemsize <= 4:  # no copy of the usual float32 arrays
+      return confidences
+  c = confidences
+  if mask is not None:
+    try:
+      c = np.asarray(c)
+      c = np.where(np.broadcast_to(np.asarray(mask) != 0, c.shape), c, c.dtype.type(0))
+    except (TypeError, ValueError):  # the checks name the problem
+      return confidences
+  c64 = _threshold_order.wide_floats(c)
+  if c64 is None:
+    return confidences
+  new = stand_ins_of(c64)
+  if new is None:
+    return confidences
+  if isinstance(confidences, jax.Array):  # back where it was (device, sharding)
+    new = jax.device_put(new, confidences.sharding)
+  return new
+
+
+def float64_outputs(confidences: Any, correct: Any, logits: Any, labels: Any,
+                    probs: Any, predictions: tuple[Any, Any]) -> tuple[Any, Any]:
+  """The (confidences, correct) of model outputs, float64 where the probabilities are.
+
+  ``predictions``: what ``_model_outputs`` made of them (checked). For concrete float64
+  ``probs`` [..., n, K] (the outputs it read), the float64 maximum and ``argmax == label``
+  in float64, so the confidences keep their value (the thresholds then compare them in
+  float64) and float32 ties do not pick the class; anything else: ``predictions``.
+  """
+  if confidences is not None or correct is not None or labels is None or probs is None \
+      or logits is not None or isinstance(labels, jax.core.Tracer):
+    return predictions
+  p64 = _threshold_order.wide_floats(probs)
+  if p64 is None or p64.ndim < 2:
+    return predictions
+  return p64.max(axis=-1), p64.argmax(axis=-1) == np.asarray(labels)
 
 
 @public
@@ -46,6 +107,14 @@ class SweepState:
   determine coverage, selective accuracy, CWSA and CWSA+ at every threshold
   (formulas in :func:`~cwsa_jax.sweep`). They are stored as exact integer
   digit sums, so :meth:`merge` is exact.
+
+  Concrete float64 confidences (and probabilities, in :meth:`from_model_output`)
+  are compared with the thresholds in float64, as :func:`~cwsa_jax.sweep`
+  compares them (float32 stand-ins, at most one ulp away): the state of
+  ``c = [0.5 - 1e-9]`` retains nothing at ``tau = 0.5``. The thresholds keep
+  the value they were given in (a Python float its float64 value; the
+  ``thresholds`` field is float32). Inside ``jit`` the inputs are float32
+  already, so nothing changes there.
 
   Capacity: exact to 2^53 (9.0e15) samples in total, whatever their buckets.
   Past it :meth:`merge`, :meth:`reduce` and :meth:`psum` raise ``ValueError``
@@ -94,7 +163,9 @@ class SweepState:
     the same class.
 
     Args:
-      thresholds: [T] thresholds in [0, 1).
+      thresholds: [T] thresholds in [0, 1), kept in the precision given: float64
+        confidences are compared with a Python float's float64 value, as in
+        ``sweep(c, kappa, thresholds)``.
       graded: correctness is graded (kappa in [0, 1]); boolean correctness
         is then counted as 0/1. Default: boolean correctness.
       normalize: ``"retained"`` or ``"all"``, as in :func:`~cwsa_jax.sweep`.
@@ -106,9 +177,9 @@ class SweepState:
       >>> print([round(float(x), 4) for x in Sweep.empty().merge(batch).compute().coverage])
       [1.0, 0.5]
     """
-    t = np.asarray(_validation.as_thresholds(thresholds))
+    t = _given_thresholds(thresholds)
     _stats.check_normalize(normalize)
-    return _configured(cls, _thresholds=tuple(t.tolist()), _graded=bool(graded),
+    return _configured(cls, _thresholds=t, _graded=bool(graded),
                        _normalize=normalize, _metric=None)
 
   @classmethod
@@ -154,9 +225,9 @@ class SweepState:
     if metric not in _sweep.METRIC_FIELDS:
       raise ValueError(f"metric must be one of {', '.join(map(repr, _sweep.METRIC_FIELDS))}, "
                        f"got {metric!r}")
-    t = np.asarray(_validation.as_thresholds([tau]))
+    t = _given_thresholds([tau])
     _stats.check_normalize(normalize)
-    return _configured(cls, _thresholds=tuple(t.tolist()), _graded=bool(graded),
+    return _configured(cls, _thresholds=t, _graded=bool(graded),
                        _normalize=normalize, _metric=metric)
 
   @classmethod
@@ -191,7 +262,12 @@ class SweepState:
         (as ``nnx.metrics`` takes it); a sample whose entry is 0 is ignored
         (padding), any other value keeps it. A NaN or infinite entry raises
         ``ValueError`` (under ``jit``: the state is invalid, ``compute`` NaN).
+
+    Concrete float64 confidences are compared with the thresholds in float64
+    (see the class); two distinct thresholds that float32 merges with a
+    confidence between them raise ``ValueError``, as in :func:`~cwsa_jax.sweep`.
     """
+    confidences = cls._kept(confidences, thresholds, mask)
     return cls._from_batch(confidences, correct, thresholds, mask, one_stream=False)
 
   @classmethod
@@ -211,13 +287,28 @@ class SweepState:
       logits, labels: [..., n, K] logits and [..., n] integer labels, turned
         into confidences by :func:`~cwsa_jax.confidences_from_logits`; or else
       probs, labels: [..., n, K] probabilities and labels
-        (:func:`~cwsa_jax.confidences_from_probs`).
+        (:func:`~cwsa_jax.confidences_from_probs`; concrete float64
+        probabilities give the float64 maximum, compared with the thresholds
+        in float64, and ``argmax == label`` taken in float64).
       mask: optional bool, integer or float array broadcastable to [..., n];
         a sample whose entry is 0 is ignored (see :meth:`from_batch`).
       **_: other model outputs (a loss, ...), ignored.
     """
-    c, k = _model_outputs(cls.__name__, confidences, correct, logits, labels, probs)
+    c, k = float64_outputs(confidences, correct, logits, labels, probs, _model_outputs(
+        cls.__name__, confidences, correct, logits, labels, probs))
+    c = cls._kept(c, None, mask)
     return cls._from_batch(c, k, None, mask, one_stream=True)
+
+  @classmethod
+  def _kept(cls, confidences: Any, thresholds: Any, mask: Any) -> Any:
+    """``confidences`` with concrete float64 values as their stand-ins for the thresholds
+    (given, else the class's in the precision they were configured in)."""
+    def stand_ins_of(c64):
+      t = _threshold_order.thresholds64(cls._thresholds if thresholds is None else thresholds)
+      return None if t is None else _threshold_order.stand_ins(c64, t.reshape(-1))
+    if thresholds is None and cls._thresholds is None:
+      return confidences  # _class_thresholds names the problem
+    return float64_kept(confidences, mask, stand_ins_of)
 
   @classmethod
   @_public.entry
@@ -295,6 +386,16 @@ class SweepState:
           "write_values use SweepState.at(tau, metric='cwsa') (one scalar per threshold), "
           "or read the SweepResult with compute()")
     return _clu_scalar(self, self.compute())
+
+
+def _given_thresholds(thresholds: Any) -> tuple[float, ...]:
+  """Checked thresholds [T] as Python floats in the precision given (float64 for Python
+  floats and float64 arrays, the float32 values for float32 ones)."""
+  t32 = np.asarray(_validation.as_thresholds(thresholds))
+  t64 = _threshold_order.thresholds64(thresholds)
+  if t64 is None or t64.size != t32.size:
+    return tuple(t32.tolist())
+  return tuple(t64.reshape(-1).tolist())
 
 
 @jax.jit

@@ -114,18 +114,22 @@ def deployment(loaded: _io.LoadedPredictions, selection: _io.LoadedPredictions |
                settings: Settings, select_on: str | None) -> _metrics.Deployment:
   """The deployment threshold: chosen on ``selection`` (held out) and applied to ``loaded``,
   or without a selection file chosen on ``loaded`` itself (in-sample)."""
-  c, ok = loaded.confidences, loaded.correct
+  c, ok = _io.compared_confidences(loaded), loaded.correct
   if selection is None:
     return _metrics.choose_threshold(c, ok, settings)
-  return _metrics.choose_held_out((selection.confidences, selection.correct), c, ok, settings,
-                                  file=str(select_on))
+  return _metrics.choose_held_out((_io.compared_confidences(selection), selection.correct), c, ok,
+                                  settings, file=str(select_on))
 
 
 def model_report(loaded: _io.LoadedPredictions, settings: Settings, args: argparse.Namespace,
                  selection: _io.LoadedPredictions | None = None) -> _metrics.ModelReport:
   """The metrics, deployment threshold (chosen on ``selection`` when given, see
-  :func:`deployment`), per-class and --group-by breakdowns, --worst samples."""
-  c, ok = loaded.confidences, loaded.correct
+  :func:`deployment`), per-class and --group-by breakdowns, --worst samples.
+
+  A file whose numbers are not all float32 values has its float64 confidences compared
+  with the thresholds and bin edges, and ordered, in float64 (``_io.compared_confidences``;
+  the bootstrap intervals and the figures take the float32 confidences)."""
+  c, ok = _io.compared_confidences(loaded), loaded.correct
   classes = groups = worst = None
   if loaded.labels is not None:
     classes = _metrics.group_metrics(c, ok, *_io.class_groups(loaded), settings)
@@ -139,7 +143,8 @@ def model_report(loaded: _io.LoadedPredictions, settings: Settings, args: argpar
       metrics=_metrics.compute_metrics(c, ok, settings),
       threshold_choice=deployment(loaded, selection, settings, getattr(args, "select_on", None)),
       scoring=_scoring_rules(loaded), classes=classes, groups=groups, worst=worst,
-      peers=_metrics.peer_metrics(c, ok, settings, probs=rows.probs, labels=rows.labels))
+      peers=_metrics.peer_metrics(c, ok, settings, probs=rows.probs, labels=rows.labels,
+                                  wide=loaded.wide_confidences is not None))
 
 
 def output_dir(args: argparse.Namespace, paths: list[Path]) -> tuple[Path, tuple]:

@@ -25,7 +25,13 @@ Supported files (chosen by extension):
   in :attr:`LoadedPredictions.note`.
 
 Confidences must lie in [0, 1]; values within 1e-6 outside (float32 rounding
-of a softmax) are clipped. Every problem raises
+of a softmax) are clipped. Numbers are read as float64; where some number of
+the file (a confidence, a probability, a logit) is not a float32 value, the
+float64 confidences are kept beside the float32 ones
+(:attr:`LoadedPredictions.wide_confidences`), and the metrics compare them with
+thresholds and bin edges, and order them, in float64 (:func:`compared_confidences`).
+A file whose numbers are all float32 values is read as float32, as before, and so is a CSV
+or Parquet confidence column of float32 values printed with 9 significant digits. Every problem raises
 :class:`~cwsa_jax.cli._util.UserError` with a one-line message that starts with
 the file name.
 
@@ -80,6 +86,9 @@ class LoadedPredictions(NamedTuple):
     note: one line for stderr on how the file was read where the reader chose
       (a ``.npy`` score matrix under ``scores="auto"``: probabilities or logits),
       else None.
+    wide_confidences: float64 [n] confidences where some number the file holds for them
+      (confidences, probabilities or logits) is not a float32 value, else None: the
+      metrics then compare and order these (:func:`compared_confidences`).
   """
   confidences: np.ndarray
   correct: np.ndarray
@@ -92,6 +101,35 @@ class LoadedPredictions(NamedTuple):
   group_names: tuple[str, ...] | None = None
   class_names: tuple[str, ...] | None = None
   note: str | None = None
+  wide_confidences: np.ndarray | None = None
+
+
+def compared_confidences(loaded: LoadedPredictions) -> np.ndarray:
+  """The confidences [n] the metrics compare with thresholds and bin edges and order: float64
+  where the file's numbers are not all float32 values (``wide_confidences``), else float32."""
+  return loaded.confidences if loaded.wide_confidences is None else loaded.wide_confidences
+
+
+def _float32_values(values: np.ndarray) -> bool:
+  """Whether every float64 value is a float32 value (the file is then read as float32)."""
+  return bool(np.array_equal(values.astype(np.float32), values))
+
+
+def float32_printed(values: np.ndarray) -> bool:
+  """Whether every float64 value read from text is a float32 value or that float32 printed with
+  9 significant digits (``%.9g``, which round-trips float32): a float32 dump, read as float32."""
+  f = values.astype(np.float32).astype(np.float64)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    digits = 8 - np.floor(np.log10(np.abs(f)))
+    exact_scale = (digits >= 0) & (digits <= 22)  # 10**digits is a float64 value
+    scale = 10.0 ** np.where(exact_scale, digits, 0)
+    printed = np.where(exact_scale, np.round(f * scale) / scale, f)
+  return bool(np.all((values == f) | (values == printed)))
+
+
+def _with_float64(confidences: np.ndarray, numbers: np.ndarray) -> np.ndarray | None:
+  """float64 ``confidences`` where some of the file's ``numbers`` is not a float32 value."""
+  return None if _float32_values(numbers) else confidences.astype(np.float64, copy=False)
 
 
 def load_predictions(path: str | os.PathLike, *, labels_path: str | os.PathLike | None = None,
@@ -338,11 +376,15 @@ def concatenate(parts: Sequence[LoadedPredictions], paths: Sequence[Path]) -> Lo
   if first.scores is not None:
     scores = np.concatenate([p.scores for p in parts])
   source = f"{inputs_name(paths)}: {_schema(first)}"  # == table_source for CSV / Parquet
+  wide = None
+  if any(p.wide_confidences is not None for p in parts):  # float64 for the whole set
+    wide = np.concatenate([compared_confidences(p).astype(np.float64) for p in parts])
   return LoadedPredictions(np.concatenate([p.confidences for p in parts]),
                            np.concatenate([p.correct for p in parts]), source,
                            num_classes=first.num_classes, scores=scores, labels=labels,
                            from_logits=first.from_logits, groups=groups,
-                           group_names=group_names, class_names=class_names)
+                           group_names=group_names, class_names=class_names,
+                           wide_confidences=wide)
 
 
 # --------------------------------------------------------------------------
@@ -354,7 +396,7 @@ def _load_table(path: Path, chunks: Iterator[_csv.CsvChunk]) -> LoadedPrediction
   """The blocks of a CSV or Parquet file as one set: only NumPy arrays are kept."""
   confidences, correct, true_labels, pred_names, groups = [], [], [], [], []
   for chunk in chunks:
-    confidences.append(chunk.confidences.astype(np.float32))
+    confidences.append(chunk.confidences)  # float64
     correct.append(chunk.correct)
     if chunk.y_true is not None:
       if chunk.y_true.dtype.kind == "U":
@@ -377,9 +419,11 @@ def _load_table(path: Path, chunks: Iterator[_csv.CsvChunk]) -> LoadedPrediction
   group_ids = group_names = None
   if groups:
     group_ids, group_names = _group_ids(groups)
-  return LoadedPredictions(np.concatenate(confidences), np.concatenate(correct), source,
+  wide = np.concatenate(confidences).astype(np.float64, copy=False)
+  return LoadedPredictions(wide.astype(np.float32), np.concatenate(correct), source,
                            labels=labels, groups=group_ids, group_names=group_names,
-                           class_names=class_names)
+                           class_names=class_names,
+                           wide_confidences=None if float32_printed(wide) else wide)
 
 
 def _merge_codes(parts: list[tuple[np.ndarray, np.ndarray]],
@@ -507,7 +551,8 @@ def _from_confidences(path: Path, confidences: np.ndarray,
                     f"{correct.shape[0]}")
   conf = _check_confidences(path, conf, "confidences")
   return LoadedPredictions(conf.astype(np.float32), correct,
-                           f"{path.name} (npz: confidences, correct)")
+                           f"{path.name} (npz: confidences, correct)",
+                           wide_confidences=_with_float64(conf, conf))
 
 
 def _load_npy(path: Path, labels_path, scores: str) -> LoadedPredictions:
@@ -604,7 +649,8 @@ def _from_scores(path: Path, scores: np.ndarray, labels_path: Path, labels: np.n
     confidences = 1.0 / np.exp(shifted).sum(axis=1)
   correct = scores.argmax(axis=1) == labels
   return LoadedPredictions(confidences.astype(np.float32), correct, source, num_classes,
-                           scores, labels, kind == "logits")
+                           scores, labels, kind == "logits",
+                           wide_confidences=_with_float64(confidences, scores))
 
 
 # --------------------------------------------------------------------------

@@ -6,6 +6,15 @@ of a :class:`~cwsa_jax.cli._settings.Settings`; :func:`summarize` turns a batch
 over seeds into mean and std. ``evaluate`` adds what it reports about one
 model (:class:`ModelReport`): the deployment threshold, per-class and
 per-group breakdowns, the most damaging samples. Every value is NumPy.
+
+Confidences given as a float64 NumPy array (``evaluate``'s files whose numbers
+are not all float32 values, ``_io.compared_confidences``) reach the library as
+they are, which compares them with the thresholds and bin edges and orders them
+in float64 (float32 stand-ins, at most a few ulp away). Their thresholds are
+the grid's decimals (:func:`decimal_thresholds`: a CSV's ``0.55`` is retained
+at the grid's 0.55, whose float32 value 0.55000001 lies above it). Any other
+confidences are float32, compared with the float32 grid, as they always were.
+The reported values, thresholds included, stay float32.
 """
 
 from __future__ import annotations
@@ -353,9 +362,11 @@ def smooth_ece_of_sums(sums: Any) -> np.ndarray:
 
 
 def peer_metrics(scores: Any, correct: Any, settings: Settings, *, probs: Any = None,
-                 labels: Any = None, real: bool = False) -> PeerMetrics:
+                 labels: Any = None, real: bool = False, wide: bool = False) -> PeerMetrics:
   """:class:`PeerMetrics` of [n] ``scores`` (confidences, or real-valued scores with ``real``)
-  and ``correct``; ``probs`` [n, K] and ``labels`` [n] give the classwise ECE."""
+  and ``correct``; ``probs`` [n, K] and ``labels`` [n] give the classwise ECE (``wide``: a
+  float64 ``probs`` is binned in float64, else as float32). The order metrics follow the
+  scores' own dtype (float64 scores are ordered in float64)."""
   ok = np.asarray(correct, bool)
   s = np.asarray(scores)  # float64 real scores keep their own order (np.unique ranks them)
   as_np = lambda x: np.asarray(x, np.float32)  # noqa: E731
@@ -367,10 +378,37 @@ def peer_metrics(scores: Any, correct: Any, settings: Settings, *, probs: Any = 
   # cw.smooth_ece's value, bit for bit (its mesh sums on the host, then its own steps).
   out = out._replace(smooth_ece=as_np(smooth_ece_of_sums(mesh_sums(s, ok))))
   if probs is not None and labels is not None:
+    probs = _kept_confidences(probs) if wide else np.asarray(probs, np.float32)
     out = out._replace(classwise_ece=as_np(cw.classwise_ece(
-        np.asarray(probs, np.float32), np.asarray(labels, np.int32), num_bins=settings.num_bins,
+        probs, np.asarray(labels, np.int32), num_bins=settings.num_bins,
         norm=settings.ece_norm, binning=settings.binning)))
   return out
+
+
+def _is_wide(confidences: Any) -> bool:
+  return isinstance(confidences, np.ndarray) and confidences.dtype == np.float64
+
+
+def decimal_thresholds(thresholds: Any) -> np.ndarray:
+  """float64 [T]: each float32 threshold of a report's grid as its shortest decimal (0.55 for
+  ``float32(0.55) = 0.55000001``), the value written on the command line or in the default
+  grid: what float64 confidences are compared with (a CSV's ``0.55`` is retained at 0.55)."""
+  grid = np.asarray(thresholds, np.float32).reshape(-1)
+  return np.array([float(np.format_float_positional(t, unique=True)) for t in grid])
+
+
+def _grid_for(confidences: Any, settings: Settings) -> np.ndarray:
+  """The grid float64 confidences are compared with (:func:`decimal_thresholds`), else the
+  float32 grid."""
+  return decimal_thresholds(settings.grid) if _is_wide(confidences) else settings.grid
+
+
+def _kept_confidences(confidences: Any) -> Any:
+  """A float64 NumPy array of confidences as it is (compared and ordered in float64 by the
+  library), anything else as float32 NumPy."""
+  if isinstance(confidences, np.ndarray) and confidences.dtype == np.float64:
+    return confidences
+  return np.asarray(confidences, np.float32)
 
 
 class ModelReport(NamedTuple):
@@ -385,8 +423,11 @@ class ModelReport(NamedTuple):
 
 
 def compute_metrics(confidences: Any, correct: Any, settings: Settings) -> Metrics:
-  """Every metric of :class:`Metrics` on [..., n] inputs, with the conventions of ``settings``."""
-  c = jnp.asarray(confidences, jnp.float32)
+  """Every metric of :class:`Metrics` on [..., n] inputs, with the conventions of ``settings``
+  (float64 NumPy confidences compared with the grid and bin edges, and ordered, in float64)."""
+  c = confidences
+  if not (isinstance(c, np.ndarray) and c.dtype == np.float64):
+    c = jnp.asarray(confidences, jnp.float32)
   ok = jnp.asarray(correct, jnp.bool_)
   return assemble_metrics(
       n=int(c.shape[-1]),
@@ -394,7 +435,7 @@ def compute_metrics(confidences: Any, correct: Any, settings: Settings) -> Metri
       ece=cw.ece(c, ok, num_bins=settings.num_bins, norm=settings.ece_norm,
                  binning=settings.binning),
       risk_coverage=cw.risk_coverage_summary(c, ok, convention=settings.aurc_convention),
-      result=cw.sweep(c, ok, settings.grid, normalize=settings.normalize),
+      result=cw.sweep(c, ok, _grid_for(c, settings), normalize=settings.normalize),
       settings=settings)
 
 
@@ -461,10 +502,17 @@ def coverage_span(coverage: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def choose_threshold(confidences: Any, correct: Any, settings: Settings) -> Deployment:
-  """:func:`cwsa_jax.select_threshold` on the report's grid under ``settings.min_coverage``."""
-  return _deployment(lambda: cw.select_threshold(
-      np.asarray(confidences, np.float32), np.asarray(correct, bool), thresholds=settings.grid,
+  """:func:`cwsa_jax.select_threshold` on the report's grid under ``settings.min_coverage``
+  (float64 confidences against :func:`decimal_thresholds`; the choice states the grid's
+  float32 value, as every report does)."""
+  c = _kept_confidences(confidences)
+  deployment = _deployment(lambda: cw.select_threshold(
+      c, np.asarray(correct, bool), thresholds=_grid_for(c, settings),
       metric=SELECTION_METRIC, min_coverage=settings.min_coverage), settings)
+  if deployment.choice is None or not _is_wide(c):
+    return deployment
+  return deployment._replace(choice=deployment.choice._replace(
+      threshold=float(np.float32(deployment.choice.threshold))))
 
 
 def choose_on_sweep(result: cw.SweepResult, settings: Settings) -> Deployment:
@@ -485,8 +533,9 @@ def _deployment(select: Callable[[], cw.ThresholdChoice], settings: Settings) ->
 
 def operating_point(confidences: Any, correct: Any, tau: float) -> OperatingPoint:
   """Coverage, selective accuracy and risk, and CWSA (divided by |S|) of the data at ``tau``."""
-  result = cw.sweep(np.asarray(confidences, np.float32), np.asarray(correct, bool),
-                    np.asarray([tau], np.float32))
+  c = _kept_confidences(confidences)
+  result = cw.sweep(c, np.asarray(correct, bool),
+                    decimal_thresholds([tau]) if _is_wide(c) else np.asarray([tau], np.float32))
   return point_of_sweep(result, 0)
 
 
@@ -526,8 +575,11 @@ def group_metrics(confidences: Any, correct: Any, groups: Any, names: tuple[str,
   """
   ids = np.asarray(groups, np.int64)
   thresholds = settings.grid
-  result = cw.sweep_by_group(jnp.asarray(confidences, jnp.float32), jnp.asarray(correct, jnp.bool_),
-                             ids, thresholds, num_groups=len(names), normalize=settings.normalize)
+  c = confidences
+  if not (isinstance(c, np.ndarray) and c.dtype == np.float64):
+    c = jnp.asarray(confidences, jnp.float32)
+  result = cw.sweep_by_group(c, jnp.asarray(correct, jnp.bool_), ids, _grid_for(c, settings),
+                             num_groups=len(names), normalize=settings.normalize)
   return GroupBreakdown(
       column=column,
       names=tuple(str(x) for x in names),
@@ -547,10 +599,13 @@ def retained_only(result: cw.SweepResult) -> cw.SweepResult:
 
 
 def worst_samples(confidences: Any, correct: Any, k: int, tau: float) -> WorstSamples:
-  """The ``k`` most damaging samples (most negative CWSA terms) at threshold ``tau``."""
-  c = np.asarray(confidences, np.float32)
-  result = cw.contributions(c, np.asarray(correct, bool), np.float32(tau))
+  """The ``k`` most damaging samples (most negative CWSA terms) at threshold ``tau`` (float64
+  confidences retained as float64 compares them with :func:`decimal_thresholds`; each stated
+  as its float32 value)."""
+  c = _kept_confidences(confidences)
+  result = cw.contributions(c, np.asarray(correct, bool),
+                            decimal_thresholds([tau])[0] if _is_wide(c) else np.float32(tau))
   index = np.asarray(cw.most_damaging(result, k=k))
   terms = np.asarray(result.terms)
   return WorstSamples(float(np.float32(tau)), k, tuple(
-      WorstSample(int(i), float(c[i]), float(terms[i])) for i in index))
+      WorstSample(int(i), float(np.float32(c[i])), float(terms[i])) for i in index))

@@ -9,7 +9,11 @@ sorts (:data:`DEFAULT_SORT_ROWS`, 4 bytes each), not by the files:
   integer sums: the in-memory :func:`~cwsa_jax.sweep`, bit for bit, and from it
   AUMCC and the deployment threshold), a
   :class:`~cwsa_jax.streaming.CalibrationState` (ECE family and reliability bins,
-  equal-width bins) and the count of correct rows (accuracy). It also builds a
+  equal-width bins) and the count of correct rows (accuracy). Where some
+  confidence of the files is not a float32 value, the sweep compares them with the
+  grid's decimals and the ECE puts them in bins in float64, as the in-memory
+  ``evaluate`` does; files of float32 values give the float32 states, as before
+  (:func:`scan`). It also builds a
   histogram of :func:`~cwsa_jax.streaming.confidence_key` (the bins of a
   :class:`~cwsa_jax.streaming.RiskCoverageState`, ``2^8`` per octave): per bin the
   row count, the errors and the smallest and largest key, as exact integers; and the
@@ -29,6 +33,8 @@ sorts (:data:`DEFAULT_SORT_ROWS`, 4 bytes each), not by the files:
   float32 precision. The same tie groups give AUROC, FPR@95%TPR and both average
   precisions exactly (:class:`~cwsa_jax.cli._metrics.RankSums`: integer sums, each group
   on its own, so the order of the passes does not matter), bit for bit the in-memory values.
+  The keys are float32's: float64 confidences that float32 rounds to one value are one
+  tie group here, where the in-memory ``evaluate`` orders them in float64.
 
 * **Bootstrap intervals** (Poisson resampling only): the bins are taken in
   descending confidence order again, all of them, as many as hold at most
@@ -59,7 +65,8 @@ import jax
 import numpy as np
 
 import cwsa_jax as cw
-from cwsa_jax import _areas, _bootstrap, _smooth_ece, streaming
+from cwsa_jax import (_areas, _bootstrap, _calibration, _smooth_ece, _threshold_order,
+                      streaming)
 from cwsa_jax._states import _risk_coverage_state
 from cwsa_jax.cli import _figures, _intervals, _io, _metrics
 from cwsa_jax.cli._settings import Settings
@@ -107,7 +114,7 @@ def _changed(path: Path | str, what: str) -> UserError:
 
 def _blocks(paths: list[Path], chunk_rows: int, bar: Any, shards: list[_Shard] | None,
             seen: list[_Shard], labels: list) -> Iterator[tuple[Path, np.ndarray, np.ndarray]]:
-  """(file, float32 confidences, bool correct) of every chunk of every file, in order.
+  """(file, float64 confidences as read, bool correct) of every chunk of every file, in order.
 
   Pass 1 (``shards`` None) records each file in ``seen`` and the class-label kind of the first
   file in ``labels``, and refuses a file whose columns differ from the first's; later passes
@@ -123,7 +130,7 @@ def _blocks(paths: list[Path], chunk_rows: int, bar: Any, shards: list[_Shard] |
         _check_columns(path, _io.chunk_labels(chunk), paths[0], labels)
       rows += chunk.confidences.size
       bar.update(chunk.confidences.size)
-      yield path, chunk.confidences.astype(np.float32), chunk.correct
+      yield path, chunk.confidences, chunk.correct
     if shards is not None and rows != shards[i].rows:
       raise _changed(path, f"{rows} rows now, {shards[i].rows} on the first pass")
     seen.append(_Shard(path, rows, size, mtime))
@@ -149,8 +156,8 @@ _confidence_key = jax.jit(streaming.confidence_key)
 
 
 def _keys(c: np.ndarray, chunk_rows: int) -> np.ndarray:
-  """int32 :func:`~cwsa_jax.streaming.confidence_key` of each confidence."""
-  padded, _, _ = _padded(c, np.zeros(c.shape, bool), chunk_rows)
+  """int32 :func:`~cwsa_jax.streaming.confidence_key` of each confidence (as float32)."""
+  padded, _, _ = _padded(np.asarray(c, np.float32), np.zeros(c.shape, bool), chunk_rows)
   return np.asarray(_confidence_key(padded))[:c.size]
 
 
@@ -199,9 +206,10 @@ class Scan(NamedTuple):
   n: int
   num_correct: int
   sweep: streaming.SweepState
-  calibration: streaming.CalibrationState
+  calibration: streaming.CalibrationState  # float64 bins where wide, else float32's
   histogram: Histogram
   mesh: np.ndarray  # float64 [2, L + 1]: the smooth ECE's mesh sums (mesh_sums)
+  wide: bool = False  # some confidence is not a float32 value: compared in float64
 
 
 def mesh_sums(c: np.ndarray, ok: np.ndarray) -> np.ndarray:
@@ -226,24 +234,50 @@ def mesh_sums(c: np.ndarray, ok: np.ndarray) -> np.ndarray:
 
 def scan(paths: list[Path], settings: Settings, chunk_rows: int, *, show: bool = False,
          passes: int | None = None) -> Scan:
-  """Pass 1 over ``paths``: the sweep and calibration states, accuracy and the key histogram."""
+  """Pass 1 over ``paths``: the sweep and calibration states, accuracy and the key histogram.
+
+  Whether the files are float64 (some confidence not a float32 value) is known only at
+  the end, and float32 values next to a threshold or an edge fall on its other side in
+  float64 (``float32(0.7) < 0.7``): both states are kept both ways, the float64 ones (the
+  grid's decimals, ``_metrics.decimal_thresholds``, and edges ``j / B``) costing a second
+  kernel only for chunks where the two differ.
+  """
   sweep = streaming.SweepState.empty(settings.grid)
   calibration = streaming.CalibrationState.empty(settings.num_bins)
+  sweep64, calibration64 = sweep, calibration
+  grid64 = _metrics.decimal_thresholds(settings.grid)
+  width = {"num_bins": settings.num_bins, "binning": "width"}
   histogram = Histogram.empty()
   mesh = np.zeros((2, _smooth_ece._MESH_INTERVALS + 1))
-  shards, labels, num_correct = [], [], 0
+  shards, labels, num_correct, wide = [], [], 0, False
   with progress_bar(None, _pass_name(1, passes, "sweep, calibration, histogram"), enabled=show,
                     unit="row") as bar:
-    for _, c, ok in _blocks(paths, chunk_rows, bar, None, shards, labels):
+    for _, c64, ok in _blocks(paths, chunk_rows, bar, None, shards, labels):
+      c = c64.astype(np.float32)
+      float32_values = _io.float32_printed(c64)  # as evaluate reads the same files
+      wide |= not float32_values
       cp, okp, mask = _padded(c, ok, chunk_rows)
-      sweep = sweep.merge(streaming.SweepState.from_batch(cp, okp, settings.grid, mask=mask))
-      calibration = calibration.merge(streaming.CalibrationState.from_batch(
-          cp, okp, num_bins=settings.num_bins, mask=mask))
+      # The float64 comparisons as float32 stand-ins (_threshold_order), on the float32 grid.
+      swept = lambda x: streaming.SweepState.from_batch(  # noqa: E731
+          _padded(x, ok, chunk_rows)[0], okp, settings.grid, mask=mask)
+      binned = lambda x: streaming.CalibrationState.from_batch(  # noqa: E731
+          _padded(x, ok, chunk_rows)[0], okp, num_bins=settings.num_bins, mask=mask)
+      chunk = swept(c)
+      sweep = sweep.merge(chunk)
+      stand_ins = _threshold_order.stand_ins(c64, grid64)
+      sweep64 = sweep64.merge(chunk if np.array_equal(stand_ins, c) else swept(stand_ins))
+      chunk = binned(c)
+      calibration = calibration.merge(chunk)
+      stand_ins = _calibration._float64_bins(c64, width)  # None for one bin
+      if stand_ins is not None and not np.array_equal(stand_ins, c):
+        chunk = binned(stand_ins)
+      calibration64 = calibration64.merge(chunk)
       histogram.add(_keys(c, chunk_rows), ok)
       mesh += mesh_sums(c, ok)
       num_correct += int(np.count_nonzero(ok))
-  return Scan(shards, labels[0], sum(s.rows for s in shards), num_correct, sweep, calibration,
-              histogram, mesh)
+  return Scan(shards, labels[0], sum(s.rows for s in shards), num_correct,
+              sweep64 if wide else sweep, calibration64 if wide else calibration, histogram,
+              mesh, wide)
 
 
 def _pass_name(index: int, total: int | None, what: str) -> str:
@@ -432,6 +466,7 @@ def streamed_intervals(paths: list[Path], result: Scan, settings: Settings, chun
     name = _pass_name(first_pass + index, None, f"bootstrap rows {index + 1}/{len(passes)}")
     with progress_bar(result.n, name, enabled=show, unit="row") as bar:
       for path, ci, oki in _blocks(paths, chunk_rows, bar, result.shards, [], []):
+        ci = ci.astype(np.float32)  # the bootstrap resamples float32 confidences
         kept = np.flatnonzero(take[_keys(ci, chunk_rows) >> _SHIFT])
         if filled + kept.size > expected:
           raise _changed(path, "its confidences differ from the first pass")
@@ -516,8 +551,9 @@ def deployment(result: Scan, selection: Any, settings: Settings,
   def evaluated_at(tau: float) -> _metrics.OperatingPoint:
     return _metrics.point_of_sweep(retained, int(np.flatnonzero(grid == np.float32(tau))[0]))
 
-  return _metrics.choose_held_out((selection.confidences, selection.correct), None, None,
-                                  settings, file=str(select_on), evaluated_at=evaluated_at)
+  return _metrics.choose_held_out((_io.compared_confidences(selection), selection.correct),
+                                  None, None, settings, file=str(select_on),
+                                  evaluated_at=evaluated_at)
 
 
 # --------------------------------------------------------------------------
