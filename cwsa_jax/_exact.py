@@ -124,11 +124,67 @@ def _normalize(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
   return hi + (lo >> CARRY_BITS), lo & _CARRY_MASK
 
 
+# Piece widths (bits) that divide a limb; the widest that fits is taken, so short sums keep
+# whole limbs (the same program as summing limbs directly).
+_PIECE_WIDTHS = (12, 6, 4, 3, 2, 1)
+
+
+def piece_bits(count: int) -> int:
+  """The widest piece ``w`` (dividing 12 bits) with ``count 2^w <= 2^31``: pieces below
+  ``2^w`` summed over ``count`` entries, plus a carry below ``count``, never wrap int32.
+
+  12 (whole limbs) up to ``2^19`` entries, 6 up to ``2^25``, 1 up to ``2^30``; more raises.
+  """
+  for bits in _PIECE_WIDTHS:
+    if count << bits <= 1 << 31:
+      return bits
+  raise ValueError(f"exact int32 sums run over at most 2^30 entries, got {count}")
+
+
+def _carried_sums(total: Callable[[jax.Array], jax.Array], limbs: Sequence[jax.Array],
+                  top: jax.Array, count: int) -> tuple[jax.Array, list[jax.Array]]:
+  """Exact ``total`` (a sum or cumulative sum over ``count`` entries of an axis) of the integers
+  ``top 4096^L + sum_j limbs[j] 4096^j``, limbs in [0, 4096), as ``(top', limbs')`` with
+  ``limbs'`` in [0, 4096).
+
+  .. math::
+
+    s_k = \\mathrm{total}(p_k) + \\lfloor s_{k-1} / 2^w \\rfloor,\\qquad
+    p'_k = s_k \\bmod 2^w,\\qquad
+    \\mathrm{top}' = \\mathrm{total}(\\mathrm{top}) + \\lfloor s_{last} / 2^w \\rfloor
+
+  over the limbs cut into ``w``-bit pieces ``p_k`` (``w`` = :func:`piece_bits` of
+  ``count``), least significant first. Bound: ``s_k < count (2^w - 1) + count <= 2^31``
+  for any ``count <= 2^30``; ``top'`` is the total's own top limb, so it stays in int32
+  when the total's top does (the caller's bound, e.g. :data:`TOP_CAPACITY`).
+  """
+  bits = piece_bits(count)
+  mask = (1 << bits) - 1
+  per_limb = CARRY_BITS // bits
+  if per_limb == 1:  # whole limbs: no cut
+    pieces = [total(limb) for limb in limbs]
+  else:
+    pieces = [total((limb >> (bits * i)) & mask) for limb in limbs for i in range(per_limb)]
+  out, carry = [], None
+  for piece in pieces:
+    piece = piece if carry is None else piece + carry
+    out.append(piece & mask)
+    carry = piece >> bits
+  top = total(top) + carry
+  if per_limb == 1:
+    return top, out
+  return top, [functools.reduce(lambda a, b: a | b,
+                                (out[j * per_limb + i] << (bits * i) for i in range(1, per_limb)),
+                                out[j * per_limb]) for j in range(len(limbs))]
+
+
 def _column_sums(cols: jax.Array, ids: jax.Array, num_segments: int) -> jax.Array:
   """Per-segment sums [num_segments, K] of int32 columns [K, C, ...] (ids [C, ...]).
 
   One 1-D scatter-add per column: on CPU, K scalar scatters are about twice
-  as fast as one scatter of K-wide rows.
+  as fast as one scatter of K-wide rows. Bound: a segment's sum stays in int32
+  for up to 2^19 samples of entries at most 4096 (:func:`segment_sums` passes
+  chunks of at most 2^18).
   """
   ids = ids.reshape(-1)
   return jnp.stack([jax.ops.segment_sum(col.reshape(-1), ids, num_segments=num_segments)
@@ -157,7 +213,8 @@ def _counted_column_sums(cols: jax.Array, ids: jax.Array, num_segments: int) -> 
   entry ``(p >> 9) S + id`` of a table per slot of 2^9 positions. No entry
   sums more than 512 samples, so the count stays below 2^10 and
   ``512 * 4095 << 10`` below 2^31; splitting the entries and summing over
-  the slots gives the exact column sums.
+  the slots gives the exact column sums (each below ``4096 C``: in int32 for up
+  to 2^19 samples, as :func:`_column_sums`).
   """
   ids, cols = ids.reshape(-1), cols.reshape(cols.shape[0], -1)
   slots = -(-ids.size >> _SLOT_BITS)
@@ -235,7 +292,9 @@ def segment_sums(
 
   Returns:
     ``(hi, lo)``, int32 arrays [num_segments, K] with the exact sums
-    ``hi * 4096 + lo`` (``0 <= lo < 4096``).
+    ``hi * 4096 + lo`` (``0 <= lo < 4096``). Bound: ``hi`` is a sum over
+    4096, below 2^31 for fewer than 2^31 values in all (every partial sum
+    too: per chunk below 2^31, carried between chunks as pairs).
   """
   n = arrays[0].shape[0]
   chunk_size = kernels.chunk_size if chunk_size is None else chunk_size
@@ -281,7 +340,11 @@ def _accelerator_chunk(n: int, num_segments: int, chunk_size: int) -> int:
 
 def _chunk_loop(columns_fn, *arrays, num_segments, num_chunks, size, with_offset,
                 segments_per_entry, counted=False):
-  """:func:`segment_sums` on CPU: a loop over the chunks, each summed while in the cache."""
+  """:func:`segment_sums` on CPU: a loop over the chunks, each summed while in the cache.
+
+  Bound: the carried ``hi`` is the sum so far over 4096 (below 2^31 for fewer than
+  2^31 values) and ``lo`` below 8192 before each carry.
+  """
   n = arrays[0].shape[0]
   local = jnp.arange(size, dtype=jnp.int32)
   chunk_segments = num_segments if segments_per_entry is None else size * segments_per_entry
@@ -321,8 +384,10 @@ def _chunks_at_once(columns_fn, *arrays, num_segments, num_chunks, size, with_of
   (chunk c's segment s at ``c (S + 1) + s``, so the adds spread over all the
   chunks' tables), whose int32 entries stay below 2^30. Their ``(hi, lo)``
   parts are then summed over the chunks: ``hi`` adds up to at most the total
-  over 4096 and ``lo`` to at most 4096 per chunk, both exact in int32. The
-  result equals :func:`_chunk_loop`'s.
+  over 4096 (below 2^31 for fewer than 2^31 samples) and ``lo`` to at most 4095
+  per chunk, summed whole up to 2^19 chunks and in narrower pieces beyond
+  (:func:`_carried_sums`; up to 2^21 chunks of at least 1024 samples), both exact
+  in int32. The result equals :func:`_chunk_loop`'s.
   """
   n = arrays[0].shape[0]
   padded = num_chunks * size
@@ -344,7 +409,8 @@ def _chunks_at_once(columns_fn, *arrays, num_segments, num_chunks, size, with_of
   hi, lo = split(table)
   if segments_per_entry is not None:  # chunk c owns segments [c S, (c + 1) S)
     return hi.reshape(-1, hi.shape[-1])[:num_segments], lo.reshape(-1, lo.shape[-1])[:num_segments]
-  return _normalize(jnp.sum(hi, axis=0), jnp.sum(lo, axis=0))
+  hi, (lo,) = _carried_sums(functools.partial(jnp.sum, axis=0), [lo], hi, num_chunks)
+  return hi, lo
 
 
 def add(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
@@ -363,7 +429,8 @@ def canonical(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
 # 2^43 units. States keep each sum as (top, hi, lo) = top 2^36 + hi 2^12 + lo, with hi in
 # [0, 2^24) and lo in [0, 4096). Every column adds at most 4096 units per sample, so 2^53
 # samples need tops of at most 2^29; a state is marked past capacity from 1.5 2^29 on, so that
-# two unmarked states still merge below 2^31.
+# two unmarked states still merge below 2^31. Sums over many buckets (wide_suffix_sums) cut
+# the 12-bit limbs into narrower pieces past 2^19 buckets, where whole limbs would wrap.
 
 _HI_BITS = 24
 _HI_MASK = (1 << _HI_BITS) - 1
@@ -419,7 +486,8 @@ def seal(w: Wide, axes: int = 2) -> Wide:
   """``w`` with every top limb set to :data:`OVER_CAPACITY` in each state (its last ``axes``
   axes) that is past its capacity: some top limb marked already, or some column whose total
   over the buckets (axis -2) exceeds ``TOP_CAPACITY`` tops (estimated in float32: the bound
-  leaves a factor 4 to int32's limit, so the estimate's rounding cannot hide a wrap)."""
+  leaves a factor 4 to int32's limit, so the estimate's rounding cannot hide a wrap; even
+  summed one by one, below 2^22 buckets it errs by less than a quarter)."""
   top, hi, lo = w
   column = jnp.sum(top.astype(jnp.float32) + hi.astype(jnp.float32) * 2.0**-_HI_BITS, axis=-2)
   over_axes = tuple(range(-axes, 0))
@@ -434,16 +502,27 @@ def over_capacity(top: jax.Array, axes: int = 2) -> jax.Array:
   return jnp.any(top < 0, axis=tuple(range(-axes, 0)))
 
 
+def _reverse_cumsum(x: jax.Array) -> jax.Array:
+  # _sort.cumsum: XLA:CPU runs jnp.cumsum as a much slower windowed reduction.
+  return jnp.flip(_sort.cumsum(jnp.flip(x, 0)), 0)
+
+
 def wide_suffix_sums(w: Wide) -> Wide:
-  """Exact reverse cumulative sums along axis 0 of canonical ``(top, hi, lo)`` (of a state
-  within capacity: its tops add up to at most TOP_CAPACITY)."""
+  """Exact reverse cumulative sums along axis 0 of canonical ``(top, hi, lo)``:
+  ``out[b] = sum_{b' >= b} w[b']``.
+
+  The 12-bit limbs ``lo``, ``hi & 4095`` and ``hi >> 12`` are summed whole over up
+  to ``2^19`` entries and in narrower pieces beyond (:func:`_carried_sums`), so no
+  partial sum wraps int32 for up to ``2^30`` entries (e.g. the 1,032,193 bins of a
+  ``RiskCoverageState`` of 12 mantissa bits, where whole limbs would). Bound: the
+  tops along axis 0 add up to less than 2^31 (a state within capacity: at most
+  about :data:`TOP_CAPACITY` a column); a marked state's tops (-1) give negative
+  tops, never a wrap.
+  """
   top, hi, lo = w
-  rev = lambda x: jnp.flip(_sort.cumsum(jnp.flip(x, 0)), 0)  # noqa: E731
-  lo, h0, h1, top = rev(lo), rev(hi & _CARRY_MASK), rev(hi >> CARRY_BITS), rev(top)
-  h0 = h0 + (lo >> CARRY_BITS)
-  h1 = h1 + (h0 >> CARRY_BITS)
-  top = top + (h1 >> CARRY_BITS)
-  return top, ((h1 & _CARRY_MASK) << CARRY_BITS) | (h0 & _CARRY_MASK), lo & _CARRY_MASK
+  top, (lo, h0, h1) = _carried_sums(_reverse_cumsum, [lo, hi & _CARRY_MASK, hi >> CARRY_BITS],
+                                    top, lo.shape[0])
+  return top, (h1 << CARRY_BITS) | h0, lo
 
 
 def wide_to_float(w: Wide) -> jax.Array:
@@ -472,11 +551,16 @@ def wide_terms(sign: int, w: Wide, place: int) -> list:
 
 
 def suffix_sums(hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Exact reverse cumulative sums along axis 0: out[b] = sum_{b' >= b} in[b']."""
+  """Exact reverse cumulative sums along axis 0: out[b] = sum_{b' >= b} in[b'].
+
+  ``lo`` (canonical, below 4096) is summed whole over up to ``2^19`` entries and in
+  narrower pieces beyond (:func:`_carried_sums`: e.g. a sweep of more than 2^19
+  thresholds). Bound: the total's own ``hi`` below 2^31 (the pair's range, below
+  2^43; any one-shot sum of fewer than 2^31 samples).
+  """
   hi, lo = _normalize(hi, lo)
-  # _sort.cumsum: XLA:CPU runs jnp.cumsum as a much slower windowed reduction.
-  rev = lambda x: jnp.flip(_sort.cumsum(jnp.flip(x, 0)), 0)  # noqa: E731
-  return _normalize(rev(hi), rev(lo))
+  hi, (lo,) = _carried_sums(_reverse_cumsum, [lo], hi, lo.shape[0])
+  return hi, lo
 
 
 def to_float(hi: jax.Array, lo: jax.Array) -> jax.Array:
@@ -512,18 +596,27 @@ def exact_float(terms: Sequence[tuple[int, jax.Array, jax.Array, int]]) -> jax.A
   (:func:`_round_to_float`), whatever cancellation the signs cause.
   The result is a function of the exact integer only, so equal sums give
   bit-for-bit equal floats however they were accumulated or merged.
+
+  Bound: ``hi`` and ``lo`` enter cut into their low 12 bits and the rest (below
+  2^19), so a term adds less than ``2^19 + 2^12`` to any limb: exact for any
+  non-negative int32 ``hi`` and ``lo`` and up to 4000 terms (with the carries, below
+  2^31). Added whole, two ``hi`` near 2^30 at one place would wrap (e.g. ``N - A - U``
+  of a one-shot sum of 2^30 samples).
   """
   base = min(place for _, _, _, place in terms)
-  # lo at place - base, hi one limb up; hi < 2^31 spans three more limbs of carries.
+  # lo at place - base, hi one limb up (each spanning two); hi < 2^31 spans three more limbs.
   num_limbs = max(place for _, _, _, place in terms) - base + 5
   num_limbs += num_limbs % 2
+  if len(terms) > 4000:
+    raise ValueError(f"exact_float adds at most 4000 terms exactly, got {len(terms)}")
   shape = jnp.broadcast_shapes(*(jnp.shape(x) for term in terms for x in term[:3]))
   zero = jnp.zeros(shape, jnp.int32)
   limbs = [zero] * num_limbs
   for sign, hi, lo, place in terms:
     q = place - base
-    limbs[q] = limbs[q] + sign * lo
-    limbs[q + 1] = limbs[q + 1] + sign * hi
+    for at, x in ((q, lo), (q + 1, hi)):
+      limbs[at] = limbs[at] + sign * (x & _CARRY_MASK)
+      limbs[at + 1] = limbs[at + 1] + sign * (x >> CARRY_BITS)
 
   def normalize(limbs):
     out = []
