@@ -2,6 +2,11 @@
 one pass carrying the running count, errors and last point (``_AreaCarry``), a sequential loop
 on CPU and prefix sums on accelerators. The formula pieces are in :mod:`cwsa_jax._areas`.
 
+The in-memory bootstrap knows a resample's multiplicities, hence its number of correct samples,
+before any area term: its E-AURC is summed from the exact integer differences to the oracle
+(:func:`_excess_sum`, as the exact metrics do), never as AURC less the oracle, which cancel
+for a nearly optimal ranking.
+
 The streamed bootstrap continues one resample's scan over many ranges of samples, up to 2^53
 in all: its carry (``_WideAreaCarry``) holds K and E as ``_exact``'s wide sums, and each range
 is scanned with int32 counts relative to a frame below them (``_Frame``); the in-memory
@@ -19,7 +24,9 @@ import numpy as np
 
 from cwsa_jax import _areas
 from cwsa_jax import _exact
+from cwsa_jax import _stats
 from cwsa_jax._kernels import _dispatch
+from cwsa_jax._kernels import _sort
 
 _SCAN_BLOCK = 1024  # samples per block of the CPU loop's float32 sums
 
@@ -183,14 +190,22 @@ def _area_loop(m, correct, group_end, carry: _AreaCarry, convention: str,
   return _AreaCarry(*out)
 
 
-def _areas_from_carry(carry: _AreaCarry, convention: str):
-  """AURC, AUGRC and E-AURC of the area scan's final ``carry``: E-AURC as AURC less the
-  oracle's closed form (the exact metrics' differences to the oracle need the number of
-  correct samples before the scan; a resample's, or a stream's, is known only at its end)."""
+def _areas_from_carry(carry: _AreaCarry, convention: str, excess=None):
+  """AURC, AUGRC and E-AURC of the area scan's final ``carry``.
+
+  E-AURC: ``excess / n`` from :func:`_excess_sum` of the same multiplicities (the division
+  rounded once; 0 with one class), or without ``excess`` AURC less the oracle's closed form,
+  which loses the relative precision of a small E-AURC (a stream's correct count is known
+  only at its end).
+  """
   step_rule = convention == "step"
   total, num_errors, area, generalized = carry.k, carry.e, carry.area, carry.generalized
   n = total.astype(jnp.float32)  # the resample's size: sum of m
   aurc, augrc = _areas.areas(area, generalized, n)
+  if excess is not None:
+    eaurc = jnp.where(_areas.one_class(num_errors, total), jnp.float32(0.0),
+                      _stats.divide((excess, n))[0])
+    return {"aurc": aurc, "augrc": augrc, "eaurc": eaurc}
   num_right = total - num_errors
   if step_rule:
     # sum_{k = r + 1}^{n} (k - r)/k / n with r correct: (E - r (H_n - H_r)) / n.
@@ -200,6 +215,101 @@ def _areas_from_carry(carry: _AreaCarry, convention: str):
     oracle = _areas.trapezoid_oracle(num_errors.astype(jnp.float32), n)
   eaurc = _areas.eaurc(aurc, oracle, _areas.one_class(num_errors, total))
   return {"aurc": aurc, "augrc": augrc, "eaurc": eaurc}
+
+
+# --- E-AURC of an in-memory resample from exact differences ---------------------------------
+#
+# With K, E the prefix sums of m and m (1 - correct) (exact int32) and m_c the resample's
+# correct count, n E-AURC is :mod:`cwsa_jax._areas`' sum of nonnegative terms: each point's
+# ``W (E_K - E*_K) / K`` ("step") or trapezoid excess, and for "step" the oracle's tie term of
+# every position that is not the last of its tie group. A sample of multiplicity m_i holds the
+# positions K_before + 1 .. K_before + m_i, each a term of its own; the terms are summed in
+# blocks (float32, each term and sum rounded: a relative error of a few 1e-7).
+
+# Positions of one sample summed term by term: every Poisson multiplicity (at most 12) and all
+# but a vanishing fraction of multinomial ones; the positions past these take a closed form.
+_TIE_TERMS = 12
+_SUM_BLOCK = 1024
+
+
+def _tie_groups(group_end):
+  """int32 [n] ``(first, last)``: the index of the first and of the last sample of each
+  sample's tie group (found once per data set, outside the loop over resamples)."""
+  n = group_end.shape[0]
+  position = lax.iota(jnp.int32, n)
+  start = jnp.concatenate([jnp.ones((1,), bool), group_end[:-1]])
+  first = lax.cummax(jnp.where(start, position, 0))
+  last = lax.cummin(jnp.where(group_end, position, n - 1), reverse=True)
+  return first, last
+
+
+def _tie_terms(mi, k_before, count, k_last, num_correct):
+  """The "step" oracle's tie terms (float32 [n], >= 0) of each sample's first ``count``
+  positions ``q = K_before + 1, ...`` (none the last of its group), rank ``q - K'``
+  (:func:`cwsa_jax._areas.tie_excess`): term by term for the first :data:`_TIE_TERMS`, the rest
+  ``[a, b]`` (a multiplicity past them) in closed form,
+
+  .. math::
+
+    m_c \\sum_{q = a}^{b} \\frac{q - K'}{q (q + 1)}
+      = m_c \\Bigl(H_{b + 1} - H_a - \\frac{K' (b + 1 - a)}{a (b + 1)}\\Bigr),
+    \\qquad a \\ge m_c,
+
+  whose two parts round against each other (a relative error up to ``a / (a - K')`` ulps of
+  that rare term).
+  """
+  zero = jnp.float32(0.0)
+  terms = jnp.zeros(mi.shape, jnp.float32)
+  for j in range(_TIE_TERMS):
+    q = k_before + (j + 1)
+    terms = terms + jnp.where(j < count, _areas.tie_excess(q - k_last, q, num_correct), zero)
+  a = jnp.maximum(k_before + (_TIE_TERMS + 1), num_correct)
+  b = k_before + count
+  af, b1 = a.astype(jnp.float32), (b + 1).astype(jnp.float32)
+  rest = jnp.asarray(num_correct).astype(jnp.float32) * (
+      _areas.harmonic_difference(jnp.minimum(a, b + 1), b + 1)
+      - k_last.astype(jnp.float32) * ((b1 - af) / (af * b1)))
+  return terms + jnp.where(b >= a, jnp.maximum(rest, zero), zero)
+
+
+def _blocked_sum(x):
+  """float32 sum of ``x`` [n], in blocks and then over the blocks (a short chain of roundings
+  for each partial sum)."""
+  size = min(_SUM_BLOCK, x.shape[0])
+  return jnp.sum(jnp.sum(jnp.pad(x, (0, -x.shape[0] % size)).reshape(-1, size), axis=1))
+
+
+def _excess_sum(m, correct, group_end, groups, convention: str,
+                kernels: _dispatch.Kernels = _dispatch.DEFAULT):
+  """n E-AURC (float32, >= 0) of the resample with multiplicities ``m`` [n] over the samples
+  sorted once, from the exact integer differences ``E_K - E*_K`` to its oracle: nothing
+  cancels, and an optimal order gives exactly 0 (:mod:`cwsa_jax._areas`' terms).
+
+  ``groups``: :func:`_tie_groups` of ``group_end``. The previous point of a sample's group is
+  the count before the group's first sample (groups without multiplicity add nothing), and a
+  sample holds its group's last position when its K is the group end's and ``m_i > 0``.
+  """
+  first, last = groups
+  mi = m.astype(jnp.int32)
+  wrong = jnp.where(correct, 0, mi)
+  k = _sort.cumsum(mi, kernels=kernels)
+  e = _sort.cumsum(wrong, kernels=kernels)
+  k_before, e_before = k - mi, e - wrong
+  k_last, e_last = k_before[first], e_before[first]  # K', E' of the previous point
+  total, num_errors = k[-1], e[-1]
+  num_correct = total - num_errors
+  point = group_end & (k > k_last)
+  width, end = k - k_last, jnp.maximum(k, 1)
+  zero = jnp.float32(0.0)
+  if convention == "trapezoid":
+    terms = jnp.where(point, _areas.trapezoid_excess(width, end, e, (k_last > 0, k_last, e_last),
+                                                     num_correct, total), zero)
+  else:
+    holds_last = (mi > 0) & (k == k[last])
+    count = mi - holds_last.astype(jnp.int32)
+    terms = (jnp.where(point, _areas.step_excess(width, end, e, num_correct), zero)
+             + _tie_terms(mi, k_before, count, k_last, num_correct))
+  return _blocked_sum(terms)
 
 
 # --- the streamed bootstrap's carry: exact counts past int32 --------------------------------

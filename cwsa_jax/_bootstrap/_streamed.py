@@ -184,7 +184,10 @@ class StreamedEvaluationBootstrap:
   2^29 rows each. Every resample's bucket sums are ``_exact``'s wide sums
   (top, hi, lo), as the mergeable states', and its area scan carries the count
   K and errors E of the resample as wide sums too (its areas are float32 sums,
-  as in memory). Row numbers are any integers in [0, 2^64); rows below 2^32
+  as in memory). Its E-AURC is AURC less the oracle's closed form: a resample's
+  correct count, which the exact differences need at every point, is known only
+  after the last range, so for a nearly optimal ranking E-AURC keeps only the
+  absolute precision of AURC (the in-memory bootstrap's is exact to float32). Row numbers are any integers in [0, 2^64); rows below 2^32
   draw from the Threefry counter (0, r), rows past it from (r >> 32, r mod 2^32).
   Past the capacity :meth:`add_range` raises ``ValueError`` and leaves the
   state as it was: too many samples in all or in one range (checked first),
