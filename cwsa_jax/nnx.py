@@ -282,3 +282,9 @@ class RiskCoverageMetric(_StateMetric):
     """The :class:`~cwsa_jax.streaming.BinnedRiskCoverage` of every sample added since the
     last :meth:`reset`."""
     return super().compute()
+
+  def ranking(self, tpr: float = 0.95) -> streaming.BinnedRanking:
+    """AUROC, FPR at ``tpr`` and average precision (success and error as positive) of every
+    sample added since the last :meth:`reset`, with bounds:
+    :meth:`~cwsa_jax.streaming.RiskCoverageState.ranking`."""
+    return self.streaming_state().ranking(tpr)

@@ -286,3 +286,16 @@ def test_stream_and_float32_files(tmp_path):
   assert cw.ece(c32, ok, num_bins=10) != cw.ece(c32.astype(np.float64), ok, num_bins=10)
   metrics = _stream.stream_metrics(scan32, cw.risk_coverage_summary(c32, ok), tens)
   np.testing.assert_array_equal(metrics.sweep.coverage, np.asarray(cw.sweep(c32, ok, tens.grid).coverage))
+
+
+def test_a_float32_dump_at_9_digits_reads_as_float32_and_other_decimals_as_float64():
+  """`%.9g` round-trips float32, so such a column is the float32 values it was written from;
+  decimals that are not (0.5 - 1e-9, shortest reprs such as 0.51) keep their float64 meaning."""
+  from cwsa_jax.cli import _io
+  rng = np.random.default_rng(11)
+  c32 = np.concatenate([rng.beta(4.0, 1.5, 2000), [0.0, 1.0, 0.51, 1e-5]]).astype(np.float32)
+  printed = np.array([float(f"{x:.9g}") for x in c32])
+  assert not np.array_equal(printed, c32.astype(np.float64))  # the text is not the float32 value
+  assert _io.float32_printed(printed) and _io.float32_printed(c32.astype(np.float64))
+  for decimals in ([0.5 - 1e-9, 0.9], [0.51, 0.3], [0.123456789012]):
+    assert not _io.float32_printed(np.array(decimals))

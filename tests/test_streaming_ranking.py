@@ -302,3 +302,18 @@ def test_bad_targets_and_invalid_states():
   invalid = dataclasses.replace(state, invalid=jnp.array(True))
   r = invalid.merge(state).ranking(TARGETS)
   assert all(np.all(np.isnan(np.asarray(getattr(r, f)))) for f in BinnedRanking._fields[:-1])
+
+
+def test_nnx_risk_coverage_metric_ranking_is_the_states():
+  from cwsa_jax import nnx as cwnnx
+  rng = np.random.default_rng(7)
+  c = rng.uniform(0, 1, 64).astype(np.float32)
+  ok = rng.uniform(0, 1, 64) < c
+  metric = cwnnx.RiskCoverageMetric()
+  metric.update(confidences=c[:40], correct=ok[:40])
+  metric.update(confidences=c[40:], correct=ok[40:])
+  got = metric.ranking()
+  want = metric.streaming_state().ranking()
+  for a, b in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  np.testing.assert_allclose(float(got.auroc), float(cw.auroc(c, ok)), atol=1e-6)
