@@ -7,8 +7,10 @@ One table, every public metric x every invalid class it can receive x {eager, ji
 * ``jax.vmap`` over a batch of [valid, invalid]: the invalid row is NaN, the valid row
   equals the eager result.
 
-Each function is jitted (and vmapped) once per input dtype and reused across classes, so
-the whole table compiles about four times per function.
+XLA compilation dominates this file's time, so each function's whole table is one program:
+one ``jax.jit`` holding, for each group of classes with the same input dtypes, the
+unbatched function over the classes' inputs (``lax.map``: the body is traced unbatched,
+as under a plain ``jax.jit``) and its ``jax.vmap`` over the same batch.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 from jax.experimental import checkify
 
 import cwsa_jax as cw
@@ -284,30 +287,61 @@ def _valid_like(cls: str) -> dict:
   return inputs
 
 
-@functools.lru_cache(maxsize=None)
-def _jitted(name: str):
-  fn = ALL[name][0]
-  return jax.jit(lambda *args: fn(dict(zip(KEYS, args))))
-
-
 def _dtypes(inputs: dict) -> tuple:
   return tuple(np.asarray(inputs[key]).dtype.str for key in KEYS)
 
 
-@functools.lru_cache(maxsize=None)
-def _vmapped(name: str, dtypes: tuple):
-  """jit(vmap(fn)) over a batch [valid, one row per invalid class of these input dtypes].
+class _Traced(NamedTuple):
+  """One function's table under jit and vmap, by input-dtype group (see ``_traced``)."""
+  mapped: dict     # dtypes -> [rows, ...]: the unbatched function on each row, under jit
+  vmapped: dict    # dtypes -> [rows, ...]: jit(vmap(fn)) over the same rows
+  eager: dict      # dtypes -> the eager result of row 0 (valid inputs of those dtypes)
+  row: dict        # class -> its row in its group
 
-  One call (and one compilation) per function and dtype group; returns the batched
-  output, the row of each class, and the eager result of the valid row.
+
+# The functions whose tables share one compiled program (a few programs, not one each).
+FAMILY_SIZE = 8
+FAMILIES = [tuple(ALL)[i:i + FAMILY_SIZE] for i in range(0, len(ALL), FAMILY_SIZE)]
+
+
+@functools.lru_cache(maxsize=None)
+def _traced_family(names: tuple) -> dict:
+  """name -> ``_Traced`` of every function in ``names``, from one compiled program.
+
+  Per function and group of classes with the same input dtypes, the batch is [valid, one
+  row per class]; the program returns ``lax.map(fn)`` (each row traced unbatched, exactly
+  what ``jax.jit(fn)`` of that row would compute) and ``jax.vmap(fn)`` of the batch.
   """
-  fn = ALL[name][0]
-  classes = [cls for cls in ALL[name][1] if _dtypes(_inputs(cls)) == dtypes]
-  rows = [_valid_like(classes[0])] + [_inputs(cls) for cls in classes]
-  batch = [np.stack([row[key] for row in rows]) for key in KEYS]
-  out = np.asarray(jax.jit(jax.vmap(lambda *args: fn(dict(zip(KEYS, args)))))(*batch))
-  eager = np.asarray(fn(rows[0]))
-  return out, {cls: i + 1 for i, cls in enumerate(classes)}, eager
+  batches, tables = {}, {}
+  for name in names:
+    fn = ALL[name][0]
+    groups: dict = {}
+    for cls in ALL[name][1]:
+      groups.setdefault(_dtypes(_inputs(cls)), []).append(cls)
+    batches[name], eager, row = {}, {}, {}
+    for dtypes, classes in groups.items():
+      rows = [_valid_like(classes[0])] + [_inputs(cls) for cls in classes]
+      batches[name][dtypes] = tuple(np.stack([r[key] for r in rows]) for key in KEYS)
+      eager[dtypes] = np.asarray(fn(rows[0]))
+      row.update({cls: i + 1 for i, cls in enumerate(classes)})
+    tables[name] = (eager, row)
+
+  def both(name, batch):
+    one = lambda args: ALL[name][0](dict(zip(KEYS, args)))
+    return lax.map(one, batch), jax.vmap(lambda *args: one(args))(*batch)
+
+  out = jax.jit(lambda batches: {
+      name: {dtypes: both(name, batch) for dtypes, batch in groups.items()}
+      for name, groups in batches.items()})(batches)
+  out = jax.tree.map(np.asarray, out)
+  return {name: _Traced({d: m for d, (m, _) in out[name].items()},
+                        {d: v for d, (_, v) in out[name].items()}, *tables[name])
+          for name in names}
+
+
+def _traced(name: str) -> _Traced:
+  """``name``'s table under jit and vmap (computed with its family's)."""
+  return _traced_family(next(f for f in FAMILIES if name in f))[name]
 
 
 def _expected_nan(name: str, out: np.ndarray) -> np.ndarray:
@@ -394,18 +428,19 @@ def test_accelerator_arrays_are_checked_where_they_live(cls):
 
 @pytest.mark.parametrize("name, cls", CASES)
 def test_under_jit_gives_nan(name, cls):
-  inputs = _inputs(cls)
-  out = _jitted(name)(*(inputs[key] for key in KEYS))
-  _assert_nan_where_expected(name, out)
+  traced = _traced(name)
+  _assert_nan_where_expected(name, traced.mapped[_dtypes(_inputs(cls))][traced.row[cls]])
 
 
 @pytest.mark.parametrize("name, cls", CASES)
 def test_under_vmap_only_the_invalid_row_is_nan(name, cls):
-  out, row, eager = _vmapped(name, _dtypes(_inputs(cls)))
+  traced = _traced(name)
+  dtypes = _dtypes(_inputs(cls))
+  out, eager = traced.vmapped[dtypes], traced.eager[dtypes]
   # The valid row (row 0) is the eager result; the other classes' rows do not leak into it.
   assert np.isfinite(eager).all()
   np.testing.assert_allclose(out[0], eager, rtol=2e-6, atol=1e-7)
-  _assert_nan_where_expected(name, out[row[cls]])
+  _assert_nan_where_expected(name, out[traced.row[cls]])
 
 
 # --------------------------------------------------------------------------- more detail
@@ -414,11 +449,13 @@ def test_under_vmap_only_the_invalid_row_is_nan(name, cls):
 def test_integer_correctness_stays_integer_until_checked():
   c, tau = jnp.asarray(BASE["c"]), 0.6
   two = jnp.asarray(BASE["k"]).at[0].set(2)
-  for fn in (lambda k: cw.cwsa(c, k, tau), lambda k: cw.sweep(c, k, BASE["t"]).cwsa,
-             lambda k: cw.ece(c, k), lambda k: cw.aurc(c, k)):
-    assert np.all(np.isnan(np.asarray(jax.jit(fn)(two))))
-    np.testing.assert_allclose(jax.jit(fn)(jnp.asarray(BASE["k"])), fn(BASE["k"] == 1),
-                               rtol=1e-6)
+  functions = (lambda k: cw.cwsa(c, k, tau), lambda k: cw.sweep(c, k, BASE["t"]).cwsa,
+               lambda k: cw.ece(c, k), lambda k: cw.aurc(c, k))
+  jitted = jax.jit(lambda k: [fn(k) for fn in functions])  # one program for all four
+  for i, (fn, bad, good) in enumerate(zip(functions, jitted(two), jitted(jnp.asarray(BASE["k"])),
+                                          strict=True)):
+    assert np.all(np.isnan(np.asarray(bad))), i
+    np.testing.assert_allclose(good, fn(BASE["k"] == 1), rtol=1e-6, err_msg=str(i))
 
 
 def test_one_invalid_threshold_is_nan_only_in_its_column():
@@ -426,41 +463,46 @@ def test_one_invalid_threshold_is_nan_only_in_its_column():
   c, k = BASE["c"], BASE["k"]
   good = np.array([True, False, True, False, False])
   reference = cw.sweep(c, k, np.asarray(t)[good])
-  for fields in (jax.jit(cw.sweep)(c, k, t),
-                 jax.jit(lambda c, k, t: streaming.SweepState.from_batch(c, k, t).compute())(
-                     c, k, t)):
+  # Every traced call in one program.
+  sweep, state, groups, soft, area = jax.jit(lambda c, k, t: (
+      cw.sweep(c, k, t), streaming.SweepState.from_batch(c, k, t).compute(),
+      cw.sweep_by_group(c, k, BASE["groups"], t, num_groups=2).cwsa, cw.soft_cwsa_sweep(c, k, t),
+      cw.aumcc(c, k, t)))(c, k, t)
+  for fields in (sweep, state):
     for field in ("coverage", "selective_accuracy", "cwsa", "cwsa_plus"):
       values = np.asarray(getattr(fields, field))
       assert np.all(np.isnan(values[~good]))
       np.testing.assert_array_equal(values[good], getattr(reference, field))
-  groups = jax.jit(lambda t: cw.sweep_by_group(c, k, BASE["groups"], t, num_groups=2).cwsa)(t)
   assert np.all(np.isnan(np.asarray(groups)[:, ~good]))
   assert np.all(np.isfinite(np.asarray(groups)[:, good]))
-  soft = np.asarray(jax.jit(lambda t: cw.soft_cwsa_sweep(c, k, t))(t))
+  soft = np.asarray(soft)
   assert np.all(np.isnan(soft[~good])) and np.all(np.isfinite(soft[good]))
   # The area over a curve cannot drop a point silently: any invalid threshold makes it NaN.
-  assert np.isnan(float(jax.jit(lambda t: cw.aumcc(c, k, t))(t)))
+  assert np.isnan(float(area))
 
 
 def test_explicit_batch_axes_mark_only_the_invalid_row():
   c = np.stack([BASE["c"], BASE["c"]])
   c[1, BAD] = np.nan
   k = np.stack([BASE["k"], BASE["k"]])
-  for fn in (lambda c, k: cw.cwsa(c, k, 0.6), lambda c, k: cw.sweep(c, k, BASE["t"]).cwsa,
-             lambda c, k: cw.ece(c, k), lambda c, k: cw.aurc(c, k),
-             lambda c, k: cw.risk_at_coverage(c, k, jnp.array([0.5, 1.0]))):
-    out = np.asarray(jax.jit(fn)(c, k))
-    np.testing.assert_allclose(out[0], fn(BASE["c"], BASE["k"]), rtol=1e-6)
-    assert np.all(np.isnan(out[1]))
-  bins = jax.jit(lambda c, k: cw.calibration_bins(c, k, num_bins=2))(c, k)
-  assert np.all(np.asarray(bins.count)[1] == -1) and np.all(np.asarray(bins.count)[0] >= 0)
-  assert np.all(np.isnan(np.asarray(bins.accuracy)[1]))
-  curve = jax.jit(cw.risk_coverage_curve)(c, k)
-  assert int(curve.num_points[1]) == -1 and int(curve.num_points[0]) == N
   probs = np.stack([BASE["probs"], BASE["probs"]])
   probs[1, BAD] *= 0.8
   labels = np.stack([BASE["labels"], BASE["labels"]])
-  out = np.asarray(jax.jit(cw.brier_score)(probs, labels))
+  functions = (lambda c, k: cw.cwsa(c, k, 0.6), lambda c, k: cw.sweep(c, k, BASE["t"]).cwsa,
+               lambda c, k: cw.ece(c, k), lambda c, k: cw.aurc(c, k),
+               lambda c, k: cw.risk_at_coverage(c, k, jnp.array([0.5, 1.0])))
+  # Every traced call in one program.
+  outs, bins, curve, brier = jax.jit(lambda c, k, probs, labels: (
+      [fn(c, k) for fn in functions], cw.calibration_bins(c, k, num_bins=2),
+      cw.risk_coverage_curve(c, k), cw.brier_score(probs, labels)))(c, k, probs, labels)
+  for i, (fn, out) in enumerate(zip(functions, outs, strict=True)):
+    out = np.asarray(out)
+    np.testing.assert_allclose(out[0], fn(BASE["c"], BASE["k"]), rtol=1e-6, err_msg=str(i))
+    assert np.all(np.isnan(out[1])), i
+  assert np.all(np.asarray(bins.count)[1] == -1) and np.all(np.asarray(bins.count)[0] >= 0)
+  assert np.all(np.isnan(np.asarray(bins.accuracy)[1]))
+  assert int(curve.num_points[1]) == -1 and int(curve.num_points[0]) == N
+  out = np.asarray(brier)
   assert np.isfinite(out[0]) and np.isnan(out[1])
 
 
@@ -469,15 +511,16 @@ def test_one_tolerance_for_probability_rows():
   labels = BASE["labels"][:2]
   base = np.array([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6]], np.float64)
   functions = (cw.brier_score, cw.nll, lambda p, y: cw.confidences_from_probs(p, y).confidences)
+  jitted = jax.jit(lambda p, y: [fn(p, y) for fn in functions])  # one program for all three
   for scale in (1 + tol / 2, 1 - tol / 2):
-    for fn in functions:
-      assert np.all(np.isfinite(np.asarray(fn(base * scale, labels))))
-      assert np.all(np.isfinite(np.asarray(jax.jit(fn)(base * scale, labels))))
+    for i, (fn, traced) in enumerate(zip(functions, jitted(base * scale, labels), strict=True)):
+      assert np.all(np.isfinite(np.asarray(fn(base * scale, labels)))), (i, scale)
+      assert np.all(np.isfinite(np.asarray(traced))), (i, scale)
   for scale in (1 + 2 * tol, 1 - 2 * tol):
-    for fn in functions:
+    for i, (fn, traced) in enumerate(zip(functions, jitted(base * scale, labels), strict=True)):
       with pytest.raises(ValueError, match="sum to 1"):
         fn(base * scale, labels)
-      assert np.any(np.isnan(np.asarray(jax.jit(fn)(base * scale, labels))))
+      assert np.any(np.isnan(np.asarray(traced))), (i, scale)
 
 
 def test_wrong_dtypes_raise_type_error():
