@@ -20,6 +20,19 @@ does not compute it at all. This module fixes those choices:
   Since thresholds are sorted, the empty ones are the highest, and the curve
   simply ends at the last threshold that retains something. If no threshold
   retains a sample the result is NaN.
+
+Float64 inputs keep their meaning: the curve's points are comparisons
+``c >= tau_t``, so concrete float64 confidences are compared with the
+thresholds in float64 (``_threshold_order``: float32 stand-ins at most one ulp
+away, made before the kit's entry rounds 64-bit arrays; thresholds taken in
+float64 too, a Python float keeps its value), as in :func:`cwsa_jax.sweep`.
+Two distinct thresholds that float32 rounds to one value with a confidence
+between them raise ``ValueError``. Inside ``jit`` the inputs are float32.
+
+Real-valued scores are refused (eager ``ValueError``, NaN inside ``jit``): the
+thresholds are on the confidence scale, ``tau`` in [0, 1), and CWSA's
+``(c - tau) / (1 - tau)`` reads values, so the curve depends on more than the
+order of the scores.
 """
 
 from __future__ import annotations
@@ -31,6 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from cwsa_jax import _public
+from cwsa_jax import _threshold_order
 from cwsa_jax import _validation
 from cwsa_jax._sweep import SCORE_FIELDS, sweep
 
@@ -60,6 +74,7 @@ def area(thresholds, coverage, values, *, axis):
   return jnp.where(jnp.any(nonempty, axis=-1), area, jnp.nan)
 
 
+@_threshold_order.at("thresholds")
 @_public.entry
 def aumcc(confidences: Any, correct: Any, thresholds: Any, *, metric: str = "cwsa",
           axis: str = "coverage", normalize: str = "retained") -> jax.Array:
@@ -82,9 +97,12 @@ def aumcc(confidences: Any, correct: Any, thresholds: Any, *, metric: str = "cws
 
   Args:
     confidences: [..., n] confidences in [0, 1]; leading axes are batch axes.
+      Concrete float64 confidences are compared with the thresholds in float64
+      (see the module docstring).
     correct: [..., n] boolean / 0-1 or graded correctness in [0, 1].
     thresholds: [T] thresholds in [0, 1), any order, ``T >= 2``; e.g. the
-      paper's ``jnp.linspace(0.5, 0.99, 50)``.
+      paper's ``jnp.linspace(0.5, 0.99, 50)``. Taken in float64 for float64
+      confidences; the trapezoid's widths are float32.
     metric: ``"cwsa"`` (default), ``"cwsa_plus"`` or ``"selective_accuracy"``.
     axis: ``"coverage"`` (default) or ``"threshold"``.
     normalize: CWSA denominator passed to the sweep: ``"retained"`` (the

@@ -12,16 +12,33 @@ Two forms of the ranks: int32 ranks (``_ranking``'s keys), and float32
 *stand-ins* in (0, 1) whose bits are ``2^23 + rank`` (normal floats, ordered
 like the ranks, no flushing of subnormals) for the kernels that read [0, 1]
 confidences (``_risk_coverage``): they order and tie exactly like the scores.
-Traced scores are left as they are: their order is decided under ``jit``.
+
+Traced scores (inside a user's ``jit`` or ``vmap``) get the same stand-ins in the
+program (:func:`traced_stand_ins`): one sort of int32 order keys per row gives
+the dense ranks. The program takes that branch at run time, only where some
+finite score lies outside [0, 1] (``lax.cond`` on that predicate, over every row
+of the call), so [0, 1] scores run the program they always ran, bit for bit;
+under ``vmap`` the predicate is batched and the ``cond`` becomes a ``select``:
+both branches run (the sort included) and each mapped row takes its own. NaN
+and infinite scores are kept as they are, for the checks to flag (NaN results).
+Inside ``jit`` the order is float32's (64-bit tracers are rounded first, as the
+kit's entry rounds them); int32 and narrower integers keep their own order.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
+
+from cwsa_jax import _mesh
+from cwsa_jax import _public
+from cwsa_jax._kernels import _dispatch
+from cwsa_jax._kernels import _sort
 
 # Dtypes whose order float32 (or int32) cannot hold.
 WIDE = frozenset(np.dtype(d) for d in (np.float64, np.longdouble, np.int64, np.uint32,
@@ -50,6 +67,13 @@ def _ranked(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   return ranks, ordered, sorted_ranks
 
 
+def _real(dtype: Any) -> bool:
+  """Whether ``dtype`` holds real numbers (NumPy's kinds, and ml_dtypes' floats such as
+  bfloat16, whose kind is "V")."""
+  dtype = np.dtype(dtype)
+  return dtype.kind in "fiu" or bool(jnp.issubdtype(dtype, jnp.floating))
+
+
 def _concrete(scores: Any) -> np.ndarray | None:
   """``scores`` as a finite, non-empty NumPy array, or None (tracers, and input the
   checks will refuse and name)."""
@@ -59,9 +83,9 @@ def _concrete(scores: Any) -> np.ndarray | None:
     x = np.asarray(scores)
   except (TypeError, ValueError):  # ragged or not numeric: the checks name it
     return None
-  if x.ndim == 0 or x.shape[-1] == 0 or x.dtype.kind not in "fiu":
+  if x.ndim == 0 or x.shape[-1] == 0 or not _real(x.dtype):
     return None
-  if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
+  if x.dtype.kind not in "iu" and not np.all(np.isfinite(x)):
     return None
   return x
 
@@ -129,6 +153,132 @@ def values_of(stand_in: np.ndarray, values: np.ndarray) -> np.ndarray:
   return np.take_along_axis(values, np.clip(rank, 0, values.shape[-1] - 1), axis=-1)
 
 
+# --------------------------------------------------------------------------
+# Traced scores: the same stand-ins, in the program
+# --------------------------------------------------------------------------
+
+
+def order_keys(scores: jax.Array) -> jax.Array:
+  """int32 keys that order like ``scores`` [..., n] (any finite values; ties stay ties).
+
+  Integers up to 32 bits are their own keys. Float32: the bit pattern, which
+  orders non-negative floats like their values; for negative ones the low 31
+  bits are flipped so that a larger magnitude gives a smaller key; -0.0 is
+  0.0 first; subnormals keep their order. No derivative (the results are step
+  functions of the scores).
+  """
+  if scores.dtype == jnp.uint32:
+    return lax.bitcast_convert_type(scores ^ jnp.uint32(1 << 31), jnp.int32)
+  if jnp.issubdtype(scores.dtype, jnp.integer):
+    return scores.astype(jnp.int32)
+  bits = lax.bitcast_convert_type(lax.stop_gradient(scores).astype(jnp.float32), jnp.int32)
+  # On the bits, not the values: XLA:CPU flushes subnormals, so ``x == 0`` would tie them with 0.
+  bits = jnp.where(bits == jnp.int32(-2**31), 0, bits)  # -0.0
+  return jnp.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+class TracedStandIns(NamedTuple):
+  """Traced scores as the rank kernels take them (:func:`traced_stand_ins`).
+
+  Attributes:
+    scores: float32 [..., n]: the stand-ins where ``taken``, else the scores as float32
+      (unchanged for float32 scores); NaN and infinite scores as they are in both.
+    values: float32 [..., n] (with ``with_values``, else None): entry r of a row is its r-th
+      smallest distinct score, where ``taken`` (stand-in ``2^23 + r`` has value ``values[r]``).
+    taken: bool [] (batched under ``vmap``): whether the stand-ins were taken.
+  """
+  scores: jax.Array
+  values: jax.Array | None
+  taken: jax.Array
+
+
+def _row_stand_ins(x: jax.Array, *, with_values: bool, kernels: _dispatch.Kernels):
+  """float32 stand-ins [n] of one row's scores ``x`` [n] (float32 or integer), and with
+  ``with_values`` its distinct values by rank [n] (zeros otherwise): one stable sort of the
+  order keys; a rank counts the key changes before a sample's sorted position."""
+  n = x.shape[-1]
+  sorted_keys, order = _sort.sort_with_order(order_keys(x), kernels=kernels)
+  new = sorted_keys[1:] != sorted_keys[:-1]
+  sorted_ranks = jnp.concatenate([jnp.zeros((1,), jnp.int32),
+                                  _sort.cumsum(new.astype(jnp.int32), kernels=kernels)])
+  ranks = jnp.zeros((n,), jnp.int32).at[order].set(sorted_ranks, unique_indices=True)
+  stand_in = lax.bitcast_convert_type(ranks + jnp.int32(_SMALLEST_NORMAL_BITS), jnp.float32)
+  x32 = x.astype(jnp.float32)
+  if jnp.issubdtype(x.dtype, jnp.floating):
+    stand_in = jnp.where(jnp.isfinite(x32), stand_in, x32)  # left for the checks: NaN results
+  if not with_values:
+    return stand_in, jnp.zeros((n,), jnp.float32)
+  # Each group's first sorted position writes its value at its rank (distinct indices); the
+  # entries past the last rank are never read (stand-ins of the row hold ranks below it).
+  first = jnp.concatenate([jnp.ones((1,), bool), new])
+  slot = jnp.where(first, sorted_ranks, n)
+  values = jnp.zeros((n,), jnp.float32).at[slot].set(jnp.take(x32, order), mode="drop",
+                                                     unique_indices=True)
+  return stand_in, values
+
+
+@_public.entry
+def _in_program(scores: jax.Array, with_values: bool,
+                kernels: _dispatch.Kernels) -> TracedStandIns:
+  """:func:`traced_stand_ins` in the kit's conventions (64-bit tracers rounded, x64 off)."""
+  floating = jnp.issubdtype(scores.dtype, jnp.floating)
+  x = scores.astype(jnp.float32) if floating and scores.dtype != jnp.float32 else scores
+  outside = (x < 0) | (x > 1)
+  if floating:
+    outside = outside & jnp.isfinite(x)
+  n = x.shape[-1]
+  if n > MAX_DISTINCT:
+    raise ValueError(f"scores take at most {MAX_DISTINCT} distinct values per row, got rows "
+                     f"of {n} samples")
+
+  def stood(x):
+    fn = functools.partial(_row_stand_ins, with_values=with_values, kernels=kernels)
+    for _ in range(x.ndim - 1):
+      fn = jax.vmap(fn)
+    return _mesh.vary_like(fn(x), x)
+
+  def plain(x):  # the scores as the checks would convert them (float32 stays as it is)
+    x32 = x if x.dtype == jnp.float32 else x.astype(jnp.float32)
+    return _mesh.vary_like((x32, jnp.zeros(x.shape, jnp.float32)), x)
+
+  taken = jnp.any(outside)
+  stand_in, values = lax.cond(taken, stood, plain, x)
+  return TracedStandIns(stand_in, values if with_values else None, taken)
+
+
+def traced_stand_ins(scores: Any, *, with_values: bool = False,
+                     kernels: _dispatch.Kernels = _dispatch.DEFAULT) -> TracedStandIns | None:
+  """:class:`TracedStandIns` of traced float or integer ``scores`` [..., n]: in the program,
+  the stand-ins of :func:`stand_ins` where some finite score lies outside [0, 1] (one sort per
+  row), else the scores; None for anything else (concrete values, other dtypes, shapes the
+  checks refuse: left for the checks and :func:`stand_ins`).
+
+  ``lax.cond`` picks the branch at run time, one predicate for the whole array (the eager
+  rule); under ``vmap`` it becomes a ``select`` and both branches run.
+  """
+  if not isinstance(scores, jax.core.Tracer):
+    return None
+  if not _real(scores.dtype) or scores.ndim == 0 or scores.shape[-1] == 0:
+    return None
+  return _in_program(scores, with_values, kernels)
+
+
+def traced_values_of(thresholds: jax.Array, stood: TracedStandIns) -> jax.Array:
+  """The scores' float32 values at ``thresholds`` [..., m] (stand-ins of the rows of
+  :func:`traced_stand_ins` with ``with_values``) where the stand-ins were taken; the
+  thresholds themselves elsewhere, and NaN (an invalid row) stays NaN."""
+  values = stood.values
+  rank = lax.bitcast_convert_type(thresholds, jnp.int32) - jnp.int32(_SMALLEST_NORMAL_BITS)
+  rank = jnp.clip(rank, 0, values.shape[-1] - 1)
+  mapped = jnp.take_along_axis(values, rank, axis=-1)
+  return jnp.where(stood.taken & ~jnp.isnan(thresholds), mapped, thresholds)
+
+
+# --------------------------------------------------------------------------
+# Decorators
+# --------------------------------------------------------------------------
+
+
 def host_ranked(fn: Callable) -> Callable:
   """``fn(scores, ...)`` with :func:`wide_ranks` applied to the scores first, before the kit's
   entry (``_public.entry``) rounds 64-bit JAX arrays to 32 bits."""
@@ -140,10 +290,12 @@ def host_ranked(fn: Callable) -> Callable:
 
 
 def stood_in(fn: Callable) -> Callable:
-  """``fn(scores, ...)`` with the scores replaced by :func:`stand_ins` where they need them
-  (before the kit's entry, as :func:`host_ranked`)."""
+  """``fn(scores, ...)`` with the scores replaced by :func:`stand_ins` where they need them,
+  or for traced scores by :func:`traced_stand_ins` (before the kit's entry, as
+  :func:`host_ranked`)."""
   @functools.wraps(fn)
   def wrapper(scores, *args, **kwargs):
-    return fn(stand_ins(scores)[0], *args, **kwargs)
+    traced = traced_stand_ins(scores)
+    return fn(stand_ins(scores)[0] if traced is None else traced.scores, *args, **kwargs)
 
   return wrapper

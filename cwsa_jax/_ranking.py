@@ -3,7 +3,8 @@
 These metrics ask how well a score separates correct from wrong predictions,
 whatever its scale: the maximum softmax probability, a logit, an energy or a
 negative entropy. Only the order of the scores matters, so any finite real
-score is accepted (the risk-coverage metrics require [0, 1]).
+score is accepted, eagerly and inside ``jit`` / ``vmap`` alike (the keys below order
+float32 values of any sign, so no stand-ins are needed in the program).
 
 Notation: ``P`` correct and ``N`` wrong predictions; a threshold ``t`` accepts
 the samples with ``score >= t``. Thresholds run over the distinct scores, so
@@ -64,23 +65,8 @@ POSITIVES = ("correct", "error")
 # --------------------------------------------------------------------------
 
 
-def _score_keys(scores: jax.Array) -> jax.Array:
-  """int32 keys that order like ``scores`` [..., n] (any finite values; ties stay ties).
-
-  Integers up to 32 bits are their own keys. Float32: the bit pattern, which
-  orders non-negative floats like their values; for negative ones the low 31
-  bits are flipped so that a larger magnitude gives a smaller key; -0.0 is
-  0.0 first; subnormals keep their order. No derivative (the results are step
-  functions of the scores).
-  """
-  if scores.dtype == jnp.uint32:
-    return lax.bitcast_convert_type(scores ^ jnp.uint32(1 << 31), jnp.int32)
-  if jnp.issubdtype(scores.dtype, jnp.integer):
-    return scores.astype(jnp.int32)
-  bits = lax.bitcast_convert_type(lax.stop_gradient(scores).astype(jnp.float32), jnp.int32)
-  # On the bits, not the values: XLA:CPU flushes subnormals, so ``x == 0`` would tie them with 0.
-  bits = jnp.where(bits == jnp.int32(-2**31), 0, bits)  # -0.0
-  return jnp.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+# int32 keys that order like the scores (``_order.order_keys``: float bits, negatives flipped).
+_score_keys = _order.order_keys
 
 
 def _inputs(scores: Any, correct: Any):

@@ -52,10 +52,17 @@ Scores: only their order counts. Concrete scores may be any finite real values
 distinct values float32 could merge), the scores are replaced by stand-ins
 that order and tie exactly like them (``_order``: dense ranks on the host), and
 ``risk_coverage_curve`` maps its thresholds back to the scores' values. Inside
-a user's ``jit`` the scores must lie in [0, 1] (their order is decided there).
+a user's ``jit`` / ``vmap`` the same holds for float32 (and integer) scores:
+the program makes the same stand-ins (one sort of order keys per row) and maps
+the curve's thresholds back, in a branch taken at run time only where some
+finite score lies outside [0, 1] (``lax.cond``), so [0, 1] scores run the
+program they always did and give the same bits; under ``vmap`` the ``cond``
+becomes a ``select`` (both branches run, each model takes its own). Every
+result equals the same call on the scores' dense ranks mapped into [0, 1].
+Traced 64-bit scores are ordered as float32 (the kit's entry rounds them).
 
-Invalid values (scores not finite, or outside [0, 1] inside ``jit``;
-correctness other than 0/1 or outside [0, 1], targets out of range) raise
+Invalid values (scores NaN or infinite; correctness other than 0/1 or outside
+[0, 1], targets out of range) raise
 ``ValueError`` on concrete inputs and give NaN inside a user's ``jax.jit`` /
 ``jax.vmap`` (for the invalid row, or target; ``num_points`` -1).
 
@@ -149,7 +156,8 @@ def aurc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Arr
 
   Args:
     confidences: [..., n] scores; higher means more confident. Any finite real values
-      (only their order counts; see the module docstring); inside ``jit``, in [0, 1].
+      (only their order counts; eager, and inside ``jit`` / ``vmap``: see the module
+      docstring).
       Leading axes are batch axes (the functions are also ``jax.vmap``-able).
     correct: [..., n] boolean / 0-1 correctness, or graded correctness in [0, 1]
       (the loss is ``1 - correct``).
@@ -194,7 +202,7 @@ def augrc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Ar
   (ties counted 1/2); a perfect ranking gives ``0.5 * error_rate^2``.
 
   Args:
-    confidences: [..., n] scores: any finite real values (inside ``jit``, in [0, 1]).
+    confidences: [..., n] scores: any finite real values (also inside ``jit``).
     correct: [..., n] boolean / 0-1 or graded correctness in [0, 1].
     convention: ``"step"`` (default), ``"trapezoid"`` or ``"published_code"``.
 
@@ -239,7 +247,7 @@ def eaurc(confidences: Any, correct: Any, *, convention: str = "step") -> jax.Ar
   small E-AURC to float32 rounding (relative), and an optimal one gives exactly 0.
 
   Args:
-    confidences: [..., n] scores: any finite real values (inside ``jit``, in [0, 1]).
+    confidences: [..., n] scores: any finite real values (also inside ``jit``).
     correct: [..., n] boolean or 0/1 correctness (graded values are rejected: the
       optimum above assumes binary losses; inside jit/vmap they give NaN).
     convention: ``"step"`` (default), ``"trapezoid"`` or ``"published_code"``.
@@ -262,7 +270,7 @@ def risk_coverage_summary(confidences: Any, correct: Any, *,
   """AURC, AUGRC and E-AURC from a single sort.
 
   Args:
-    confidences: [..., n] scores: any finite real values (inside ``jit``, in [0, 1]).
+    confidences: [..., n] scores: any finite real values (also inside ``jit``).
     correct: [..., n] boolean / 0-1 correctness, or graded correctness in [0, 1]
       (then ``eaurc`` is NaN: its optimum is defined for binary losses only).
     convention: ``"step"`` (default), ``"trapezoid"`` or ``"published_code"``.
@@ -288,12 +296,14 @@ def risk_coverage_curve(confidences: Any, correct: Any) -> RiskCoverageCurve:
     \quad j = 1..G
 
   Args:
-    confidences: [..., n] scores: any finite real values (inside ``jit``, in [0, 1]).
+    confidences: [..., n] scores: any finite real values (also inside ``jit``).
     correct: [..., n] boolean / 0-1 or graded correctness in [0, 1].
 
   Returns:
     ``RiskCoverageCurve`` of [..., n] arrays (``num_points`` [...]) padded with the last point (coverage 1);
     ``num_points`` says how many are distinct. Slice ``[:num_points]`` outside jit.
+    ``thresholds`` are the scores' own values (as float32), eager and inside ``jit`` alike,
+    also where stand-ins ordered them (real-valued or 64-bit scores).
 
   Examples:
     >>> from cwsa_jax import risk_coverage_curve
@@ -302,11 +312,19 @@ def risk_coverage_curve(confidences: Any, correct: Any) -> RiskCoverageCurve:
     >>> print(m, [round(float(x), 2) for x in curve.coverage[:m]], [round(float(x), 3) for x in curve.risk[:m]])
     3 [0.5, 0.75, 1.0] [0.5, 0.667, 0.5]
   """
+  traced = _order.traced_stand_ins(confidences, with_values=True)
+  if traced is not None:  # in the program: mapped back where the stand-ins were taken
+    curve = _curve_entry(traced.scores, correct)
+    return curve._replace(thresholds=_order.traced_values_of(curve.thresholds, traced))
   stand_in, values = _order.stand_ins(confidences, with_values=True)
   curve = _curve_entry(stand_in, correct)
   if values is None:
     return curve
-  # The thresholds of stood-in scores are stand-ins: their scores' values.
+  # The thresholds of stood-in scores are stand-ins: their scores' values (in the program
+  # where traced correctness made the curve traced).
+  if not _validation.is_concrete(curve.thresholds):
+    known = _order.TracedStandIns(jnp.asarray(stand_in), jnp.asarray(values), jnp.bool_(True))
+    return curve._replace(thresholds=_order.traced_values_of(curve.thresholds, known))
   return curve._replace(thresholds=jnp.asarray(_order.values_of(np.asarray(curve.thresholds),
                                                                 values)))
 
@@ -362,7 +380,7 @@ def risk_at_coverage(confidences: Any, correct: Any, coverage: Any) -> jax.Array
   such as 0.3 (not representable in float32) matches ``k_j / n = 0.3``.
 
   Args:
-    confidences: [..., n] scores: any finite real values (inside ``jit``, in [0, 1]).
+    confidences: [..., n] scores: any finite real values (also inside ``jit``).
     correct: [..., n] boolean / 0-1 or graded correctness in [0, 1].
     coverage: target coverage(s) in (0, 1], scalar or any shape.
 
@@ -393,7 +411,7 @@ def coverage_at_risk(confidences: Any, correct: Any, risk: Any) -> jax.Array:
   2**-22 so that a decimal target such as 0.1 matches a risk of exactly 1/10.
 
   Args:
-    confidences: [..., n] scores: any finite real values (inside ``jit``, in [0, 1]).
+    confidences: [..., n] scores: any finite real values (also inside ``jit``).
     correct: [..., n] boolean / 0-1 or graded correctness in [0, 1].
     risk: target selective risk(s) in [0, 1], scalar or any shape.
 

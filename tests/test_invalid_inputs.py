@@ -262,8 +262,8 @@ PER_SAMPLE = {
 ALL = {**FUNCTIONS, **PER_SAMPLE}
 
 CASES = [(name, cls) for name, (_, classes) in ALL.items() for cls in classes]
-# The rank metrics take concrete real-valued scores (only their order counts); inside jit their
-# scores must lie in [0, 1], so these cases are invalid there only.
+# The rank metrics take real-valued scores (only their order counts), eagerly and inside jit:
+# these cases are valid for them everywhere.
 RANK_METRICS = ("aurc", "augrc", "eaurc", "risk_coverage_summary", "risk_coverage_curve",
                 "risk_at_coverage", "coverage_at_risk")
 REAL_SCORES = [(name, cls) for name, cls in CASES
@@ -426,13 +426,13 @@ def test_accelerator_arrays_are_checked_where_they_live(cls):
     assert (device.low, device.high) == (host.low, host.high)
 
 
-@pytest.mark.parametrize("name, cls", CASES)
+@pytest.mark.parametrize("name, cls", EAGER_CASES)
 def test_under_jit_gives_nan(name, cls):
   traced = _traced(name)
   _assert_nan_where_expected(name, traced.mapped[_dtypes(_inputs(cls))][traced.row[cls]])
 
 
-@pytest.mark.parametrize("name, cls", CASES)
+@pytest.mark.parametrize("name, cls", EAGER_CASES)
 def test_under_vmap_only_the_invalid_row_is_nan(name, cls):
   traced = _traced(name)
   dtypes = _dtypes(_inputs(cls))
@@ -441,6 +441,17 @@ def test_under_vmap_only_the_invalid_row_is_nan(name, cls):
   assert np.isfinite(eager).all()
   np.testing.assert_allclose(out[0], eager, rtol=2e-6, atol=1e-7)
   _assert_nan_where_expected(name, out[traced.row[cls]])
+
+
+@pytest.mark.parametrize("name, cls", REAL_SCORES)
+def test_under_jit_and_vmap_rank_metrics_take_real_scores(name, cls):
+  """Real-valued scores are valid inside jit and vmap too: the eager call's values."""
+  traced = _traced(name)
+  dtypes = _dtypes(_inputs(cls))
+  want = np.asarray(ALL[name][0](_inputs(cls)))
+  assert np.isfinite(want).all()
+  for out in (traced.mapped[dtypes], traced.vmapped[dtypes]):
+    np.testing.assert_allclose(np.asarray(out[traced.row[cls]]), want, rtol=2e-6, atol=1e-7)
 
 
 # --------------------------------------------------------------------------- more detail
@@ -539,10 +550,10 @@ def test_rank_metric_range_rule_is_one_argument():
   """The checked scores must lie in [0, 1] by default; ``unit_scores=False`` accepts any
   finite score (NaN still refused), and the CWSA family's samples (``scores=False``) still
   need [0, 1]. (The public rank metrics take concrete real scores through stand-ins in
-  [0, 1]: ``cwsa_jax._order``; inside jit they flag scores outside [0, 1].)"""
+  [0, 1]: ``cwsa_jax._order``, inside jit too, with stand-ins made in the program.)"""
   c = BASE["c"] * 10.0 - 3.0  # finite real scores outside [0, 1]
   assert np.isfinite(float(cw.aurc(c, BASE["k"])))
-  assert bool(jnp.isnan(jax.jit(cw.aurc)(c, BASE["k"])))
+  assert float(jax.jit(cw.aurc)(c, BASE["k"])) == float(cw.aurc(c, BASE["k"]))
   with pytest.raises(ValueError, match="confidences"):
     _validation.samples(c, BASE["k"], scores=True)
   checked = _validation.samples(c, BASE["k"], scores=True, unit_scores=False)
