@@ -11,8 +11,10 @@ caller use take the array namespace ``xp`` (``jax.numpy``, the default, or
 ``numpy``); each keeps the operations, and their order, of the code it replaced,
 so every result is bit for bit what it was. The exact metrics compute E-AURC from the
 per-point differences to the oracle (:func:`step_excess`, :func:`trapezoid_excess`), which
-need the number of correct samples before the scan; the bootstrap scans (one pass, a
-resample's or a stream's correct count known only at the end) subtract the oracle's closed form.
+need the number of correct samples before the scan: the in-memory bootstraps know each
+resample's count up front and use them too (``_area_scan._excess_sum``); the streamed
+bootstrap and ``cli/_stream`` (one pass, the count known only at its end) subtract the
+oracle's closed form.
 
 Notation, as in :mod:`cwsa_jax._risk_coverage`: the samples sorted by decreasing
 confidence, a point of the curve ends a tie group after ``K`` accepted samples with
