@@ -52,6 +52,7 @@ from jax import lax
 from cwsa_jax import _exact
 from cwsa_jax import _order
 from cwsa_jax import _public
+from cwsa_jax import _stats
 from cwsa_jax import _validation
 from cwsa_jax._kernels import _dispatch
 from cwsa_jax._kernels import _sort
@@ -287,8 +288,8 @@ def _fpr_at_tpr_impl(keys, correct, tpr, *, kernels):
     by_select = functools.partial(_fewest_wrong_by_select, kernels=kernels)
     fewest = kernels.pick("select", keys, correct, need,
                           cuda=by_sort if kernels.select_by_sort else None, default=by_select)
-  fpr = fewest.reshape(tpr.shape).astype(jnp.float32) / jnp.maximum(num_wrong, 1).astype(
-      jnp.float32)
+  fpr, = _stats.divide((fewest.reshape(tpr.shape).astype(jnp.float32),
+                        jnp.maximum(num_wrong, 1).astype(jnp.float32)))
   return _nan_unless((num_correct > 0) & (num_wrong > 0), fpr)
 
 

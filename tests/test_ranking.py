@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fractions
 import functools
 
 import jax
@@ -336,3 +337,18 @@ def test_invalid_inputs_give_nan_under_jit():
     np.testing.assert_allclose(out[0], fn(scores, correct), RTOL, ATOL)
   out = jax.jit(fpr_at_tpr)(scores, correct, jnp.float32([0.9, 1.5]))
   assert np.isfinite(out[0]) and np.isnan(out[1])
+
+
+def test_fpr_at_tpr_is_the_correctly_rounded_fraction():
+  """j of 95 wrong predictions above every correct one: FPR = j / 95 rounded once (a division
+  by a broadcast count must not become a multiplication by its rounded reciprocal)."""
+  wrong = 95
+  j = np.arange(wrong + 1)[:, None]
+  scores = np.where(np.arange(wrong)[None, :] < j, 0.9, 0.1).astype(np.float32)
+  scores = np.concatenate([scores, np.full((wrong + 1, 1), 0.5, np.float32)], axis=1)
+  correct = np.zeros(scores.shape, bool)
+  correct[:, -1] = True
+  # One row, two targets: the row's count divides a [2] vector.
+  got = np.array([cwsa_jax.fpr_at_tpr(s, k, [0.5, 0.95]) for s, k in zip(scores, correct)])
+  want = np.array([[np.float32(float(fractions.Fraction(int(i), wrong)))] * 2 for i in j[:, 0]])
+  np.testing.assert_array_equal(got, want)
