@@ -48,7 +48,13 @@ def soft_reference(c, kappa, tau, temperature, *, plus=False, normalize="retaine
   return float(np.sum(gates * weight * score) / np.sum(gates))
 
 
-def random_case(seed, n, *, graded=False):
+# Most random cases share one size (and the gradient checks another), so the
+# compiled programs of the public functions are reused across tests.
+N = 256
+N_GRAD = 24
+
+
+def random_case(seed, n=N, *, graded=False):
   rng = np.random.default_rng(seed)
   c = rng.uniform(0.0, 1.0, n).astype(np.float32)
   kappa = rng.uniform(0, 1, n).astype(np.float32) if graded else rng.random(n) < c
@@ -97,7 +103,7 @@ def test_converges_to_hard_metric(tau, graded):
 
 
 @settings(max_examples=20, deadline=None)
-@given(st.sampled_from([1, 2, 7, 64]), st.floats(0.0, 0.95), st.integers(0, 2**31 - 1),
+@given(st.sampled_from([1, 2, 3, N]), st.floats(0.0, 0.95), st.integers(0, 2**31 - 1),
        st.booleans())
 def test_converges_to_hard_metric_random(n, tau, seed, graded):
   c, kappa = random_case(seed, n, graded=graded)
@@ -143,7 +149,7 @@ def test_phi_below_tau_is_clipped_at_zero():
   without = float(soft_cwsa(c[:2], [1, 0], 0.5, temperature=0.01))
   assert abs(with_low - without) < 1e-7
   # Confidences 10 T away from tau: gates within e^-10 of 0 or 1.
-  c, kappa = random_case(7, 400)
+  c, kappa = random_case(7, N)
   for temperature in (1e-3, 1e-2):
     for tau in (0.3, 0.7):
       gap = abs(float(soft_cwsa(away_from(c, tau, 10 * temperature), kappa, tau,
@@ -153,7 +159,7 @@ def test_phi_below_tau_is_clipped_at_zero():
 
 
 def test_bounded_and_large_temperature_limit():
-  c, kappa = random_case(8, 200)
+  c, kappa = random_case(8, N)
   for temperature in (0.3, 10.0, 1e6):
     for tau in (0.0, 0.5, 0.99):
       value = float(soft_cwsa(c, kappa, tau, temperature=temperature))
@@ -169,7 +175,7 @@ def test_bounded_and_large_temperature_limit():
 
 @pytest.mark.parametrize("plus", [False, True])
 def test_sweep_equals_loop_of_single_calls(plus):
-  c, kappa = random_case(11, 257, graded=True)
+  c, kappa = random_case(11, N, graded=True)
   thresholds = np.float32([0.9, 0.0, 0.5, 0.31, 0.75, 0.5, 0.99])
   swept = np.asarray(soft_cwsa_sweep(c, kappa, thresholds, temperature=0.02, plus=plus))
   fn = soft_cwsa_plus if plus else soft_cwsa
@@ -179,7 +185,7 @@ def test_sweep_equals_loop_of_single_calls(plus):
 
 
 def test_sweep_normalize_all_equals_loop():
-  c, kappa = random_case(12, 100)
+  c, kappa = random_case(12, N)
   thresholds = np.float32([0.2, 0.6])
   swept = soft_cwsa_sweep(c, kappa, thresholds, temperature=0.05, normalize="all")
   loop = [float(soft_cwsa(c, kappa, t, temperature=0.05, normalize="all")) for t in thresholds]
@@ -188,14 +194,15 @@ def test_sweep_normalize_all_equals_loop():
 
 def test_batch_axes_equal_per_row_calls():
   rng = np.random.default_rng(5)
-  c = rng.uniform(size=(3, 2, 50)).astype(np.float32)
-  kappa = rng.random((3, 2, 50)) < c
+  c = rng.uniform(size=(3, 2, N)).astype(np.float32)
+  kappa = rng.random((3, 2, N)) < c
   batched = np.asarray(soft_cwsa(c, kappa, 0.4, temperature=0.03))
   assert batched.shape == (3, 2)
   rows = np.array([[float(soft_cwsa(c[i, j], kappa[i, j], 0.4, temperature=0.03))
                     for j in range(2)] for i in range(3)])
   np.testing.assert_allclose(batched, rows, atol=1e-7)
-  vmapped = jax.vmap(lambda a, b: soft_cwsa_plus(a, b, 0.4, temperature=0.03))(c[:, 0], kappa[:, 0])
+  vmapped = jax.jit(jax.vmap(lambda a, b: soft_cwsa_plus(a, b, 0.4, temperature=0.03)))(
+      c[:, 0], kappa[:, 0])
   direct = np.asarray(soft_cwsa_plus(c, kappa, 0.4, temperature=0.03))[:, 0]
   np.testing.assert_allclose(vmapped, direct, atol=1e-7)
   swept = np.asarray(soft_cwsa_sweep(c, kappa, np.float32([0.4, 0.8]), temperature=0.03))
@@ -204,15 +211,15 @@ def test_batch_axes_equal_per_row_calls():
 
 
 def test_vmap_over_thresholds_matches_sweep():
-  c, kappa = random_case(13, 80)
-  thresholds = jnp.linspace(0.1, 0.9, 5)
-  vm = jax.vmap(lambda t: soft_cwsa(c, kappa, t, temperature=0.02))(thresholds)
+  c, kappa = random_case(13, N)
+  thresholds = np.linspace(0.1, 0.9, 5, dtype=np.float32)
+  vm = jax.jit(jax.vmap(lambda t: soft_cwsa(c, kappa, t, temperature=0.02)))(thresholds)
   np.testing.assert_allclose(vm, soft_cwsa_sweep(c, kappa, thresholds, temperature=0.02), atol=1e-7)
 
 
 @pytest.mark.parametrize("plus", [False, True])
 def test_band_area_matches_trapezoid_reference(plus):
-  c, kappa = random_case(17, 150, graded=True)
+  c, kappa = random_case(17, N, graded=True)
   grid = np.linspace(0.4, 0.8, 5)
   values = [soft_reference(c, kappa, t, 0.03, plus=plus) for t in np.float32(grid)]
   area = np.trapezoid(values, np.float32(grid))
@@ -227,7 +234,7 @@ def test_band_area_matches_trapezoid_reference(plus):
 
 def test_band_area_converges_to_hard_trapezoid():
   grid = band_thresholds((0.5, 0.9), 9)
-  c, kappa = random_case(19, 300)
+  c, kappa = random_case(19, N)
   c = away_from(c, grid, gap=0.01)
   hard = np.trapezoid([hard_reference(c, kappa, t) for t in grid], grid) / 0.4
   soft = float(soft_cwsa_band_area(c, kappa, temperature=1e-4))
@@ -235,7 +242,7 @@ def test_band_area_converges_to_hard_trapezoid():
 
 
 def test_band_area_of_one_interval_is_the_mean_of_its_ends():
-  c, kappa = random_case(23, 60)
+  c, kappa = random_case(23, N)
   ends = soft_cwsa_sweep(c, kappa, np.float32([0.2, 0.7]), temperature=0.05)
   got = soft_cwsa_band_area(c, kappa, band=(0.2, 0.7), num_thresholds=2, temperature=0.05)
   assert abs(float(got) - float(jnp.mean(ends))) <= 1e-6
@@ -245,7 +252,7 @@ def test_band_area_of_one_interval_is_the_mean_of_its_ends():
 # Gradients.
 
 def test_check_grads_soft_metrics():
-  c, kappa = random_case(29, 24, graded=True)
+  c, kappa = random_case(29, N_GRAD, graded=True)
   c = jnp.asarray(0.05 + 0.9 * c)  # keep finite differences inside [0, 1]
   kappa = jnp.asarray(kappa)
   for fn, modes in ((soft_cwsa, ("rev", "fwd")), (soft_cwsa_plus, ("rev",))):
@@ -257,12 +264,24 @@ def test_check_grads_soft_metrics():
   check_grads(band, (c, kappa), order=1, modes=("rev",), atol=5e-3, rtol=5e-3, eps=1e-3)
 
 
+@functools.partial(jax.jit, static_argnames="plus")
+def _grad_wrt_confidences(c, kappa, tau, temperature, plus=False):
+  # One program per shape and metric; tau and temperature are traced.
+  fn = soft_cwsa_plus if plus else soft_cwsa
+  return jax.grad(lambda x: fn(x, kappa, tau, temperature=temperature))(c)
+
+
+@jax.jit
+def _grad_wrt_kappa(c, kappa, tau, temperature):
+  return jax.grad(lambda k: soft_cwsa(c, k, tau, temperature=temperature))(kappa)
+
+
 def test_gradient_matches_float64_finite_differences():
   # A sharper check than check_grads' float32 differences: the analytic
   # gradient against central differences of the float64 reference.
-  c, kappa = random_case(31, 12, graded=True)
+  c, kappa = random_case(31, N_GRAD, graded=True)
   tau, temperature = 0.5, 0.05
-  grad = np.asarray(jax.grad(lambda x: soft_cwsa(x, kappa, tau, temperature=temperature))(c))
+  grad = np.asarray(_grad_wrt_confidences(c, np.float32(kappa), tau, temperature))
   h = 1e-6
   for i in range(c.size):
     up, down = c.astype(np.float64), c.astype(np.float64)
@@ -322,18 +341,18 @@ def test_gradient_direction(temperature):
   c = jnp.float32([0.95, 0.9, 0.8, 0.75, 0.3])
   kappa = jnp.float32([1, 0, 1, 0, 1])
   for tau in (0.5, 0.6):
-    grad = jax.grad(lambda x: soft_cwsa(x, kappa, tau, temperature=temperature))(c)
+    grad = _grad_wrt_confidences(c, kappa, tau, temperature)
     assert grad[0] > 0 and grad[2] > 0
     assert grad[1] < 0 and grad[3] < 0
-    grad_plus = jax.grad(lambda x: soft_cwsa_plus(x, kappa, tau, temperature=temperature))(c)
+    grad_plus = _grad_wrt_confidences(c, kappa, tau, temperature, plus=True)
     assert grad_plus[0] > 0 and grad_plus[2] > 0
   # Graded correctness: d/d kappa > 0 for retained samples.
-  grad_k = jax.grad(lambda k: soft_cwsa(c, k, 0.5, temperature=temperature))(kappa)
+  grad_k = _grad_wrt_kappa(c, kappa, 0.5, temperature)
   assert bool(jnp.all(grad_k[:4] > 0))
 
 
 def test_traced_temperature_and_invalid_traced_options_give_nan_not_a_number():
-  c, kappa = random_case(37, 40)
+  c, kappa = random_case(37, N)
   f = jax.jit(lambda t, tau: soft_cwsa(c, kappa, tau, temperature=t))
   assert abs(float(f(0.02, 0.5)) - soft_reference(c, kappa, 0.5, 0.02)) <= 2e-6
   # Invalid traced options give NaN, and NaN gradients, never a plausible number.
@@ -395,12 +414,20 @@ def test_sweep_bad_thresholds_raise():
 # ---------------------------------------------------------------------------
 # The kernels' ``keep`` (the losses' masks): the sums run over the kept samples.
 
+@functools.partial(jax.jit, static_argnames=("plus", "normalize"))
+def _kernel_value_and_grad(c, kappa, tau, temperature, keep, *, plus, normalize):
+  from cwsa_jax import _soft
+  return jax.value_and_grad(
+      lambda x: _soft._soft_metric(x, kappa, tau, temperature, keep, plus=plus,
+                                   normalize=normalize))(c)
+
+
 @pytest.mark.parametrize("plus, normalize", [(False, "retained"), (False, "all"),
                                              (True, "retained")])
 def test_kernel_keep_is_the_metric_of_the_kept_samples(plus, normalize):
   from cwsa_jax import _soft
-  c, kappa = random_case(50, 24, graded=True)
-  keep = np.random.default_rng(50).random(24) < 0.6
+  c, kappa = random_case(50, N_GRAD, graded=True)
+  keep = np.random.default_rng(50).random(N_GRAD) < 0.6
   tau, temperature = jnp.float32(0.4), jnp.float32(0.05)
   kw = dict(plus=plus, normalize=normalize)
   got = float(_soft._soft_metric(jnp.asarray(c), jnp.asarray(kappa), tau, temperature,
@@ -411,8 +438,7 @@ def test_kernel_keep_is_the_metric_of_the_kept_samples(plus, normalize):
                        jnp.asarray(keep), **kw)
   np.testing.assert_allclose(float(sweep[1]), ref, atol=1e-6)
   # Nothing kept: 0, with a zero (finite) gradient, at a tiny temperature too.
-  none = jnp.zeros(24, bool)
-  value, grad = jax.value_and_grad(
-      lambda x: _soft._soft_metric(x, jnp.asarray(kappa), tau, jnp.float32(1e-6), none, **kw))(
-          jnp.asarray(c))
+  none = np.zeros(N_GRAD, bool)
+  value, grad = _kernel_value_and_grad(jnp.asarray(c), jnp.asarray(kappa), tau,
+                                       jnp.float32(1e-6), none, **kw)
   assert float(value) == 0.0 and not np.any(np.asarray(grad))

@@ -1,5 +1,7 @@
 """The fused sweep against the float64 reference and against single-threshold calls."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -94,9 +96,17 @@ def test_clustered_thresholds_need_several_search_steps():
   thresholds = (np.float32(0.9) + np.arange(40, dtype=np.float32) * np.float32(1e-6)).astype(np.float32)
   c = np.concatenate([thresholds, rng.uniform(0.899, 0.90005, 300).astype(np.float32)])
   ok = rng.uniform(size=c.size) < 0.5
-  first, counts, max_per_cell = _sweep.bucket_table(jnp.sort(jnp.asarray(thresholds)), _sweep.num_cells(40))
+  first, counts, max_per_cell = jax.jit(_sweep.bucket_table, static_argnums=1)(
+      np.sort(thresholds), _sweep.num_cells(40))
   assert int(max_per_cell) == 40
   _check(c, ok, thresholds)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _bucketize(c, sorted_thresholds, cells):
+  # Table and search in one program per size (eagerly, each op is a program of its own).
+  first, counts, max_per_cell = _sweep.bucket_table(sorted_thresholds, cells)
+  return _sweep.bucketize(c, sorted_thresholds, first, counts, max_per_cell)
 
 
 def test_bucketize_matches_numpy_searchsorted():
@@ -105,8 +115,7 @@ def test_bucketize_matches_numpy_searchsorted():
     th = np.sort(rng.uniform(0, 1, num_thresholds).astype(np.float32))
     th[: num_thresholds // 3] = th[0]  # duplicates
     c = np.concatenate([rng.uniform(0, 1, 2000).astype(np.float32), th, [0.0, 1.0]]).astype(np.float32)
-    first, counts, mx = _sweep.bucket_table(jnp.asarray(th), _sweep.num_cells(num_thresholds))
-    got = _sweep.bucketize(jnp.asarray(c), jnp.asarray(th), first, counts, mx)
+    got = _bucketize(c, th, _sweep.num_cells(num_thresholds))
     np.testing.assert_array_equal(np.asarray(got), np.searchsorted(th, c, side="right"))
 
 
@@ -140,7 +149,7 @@ def test_vmap_over_bootstrap_resamples():
   c = jnp.asarray(rng.uniform(0, 1, 300).astype(np.float32))
   ok = jnp.asarray(rng.uniform(size=300) < 0.6)
   idx = jax.random.randint(jax.random.key(0), (8, 300), 0, 300)
-  resampled = jax.vmap(lambda i: sweep(c[i], ok[i], jnp.asarray(GRID)).cwsa)(idx)
+  resampled = jax.jit(jax.vmap(lambda i: sweep(c[i], ok[i], jnp.asarray(GRID)).cwsa))(idx)
   for b in range(8):
     np.testing.assert_allclose(resampled[b], reference.sweep(np.asarray(c)[idx[b]], np.asarray(ok)[idx[b]], GRID)[:, 2],
                                atol=ATOL)
@@ -172,8 +181,10 @@ def test_chunked_exact_sums_match_numpy():
   seg = rng.integers(0, 5, n).astype(np.int32)
   fn = lambda xs, ss: (ss, jnp.stack(_exact.grid_digits(1.0 - xs), 0))
   for chunk in [64, 333, 1000, 4096]:
-    hi, lo = _exact.segment_sums(fn, [jnp.asarray(x), jnp.asarray(seg)], 5, chunk_size=chunk)
-    got = _exact.combine(_exact.to_float(hi, lo), 3)
+    # One program per chunk size, not one per eager op.
+    sums = jax.jit(lambda x, seg: _exact.combine(_exact.to_float(
+        *_exact.segment_sums(fn, [x, seg], 5, chunk_size=chunk)), 3))  # noqa: B023
+    got = sums(x, seg)
     want = np.bincount(seg, weights=1.0 - x.astype(np.float64), minlength=5)
     np.testing.assert_allclose(np.asarray(got), want, rtol=3e-7)
 
