@@ -91,15 +91,20 @@ def test_band_and_plus_match_reference():
 
 def test_weight_zero_is_cross_entropy():
   logits, labels = random_logits(4)
-  expected = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-  assert abs(float(cwsa_regularized_loss(logits, labels, weight=0.0)) - float(expected)) <= 1e-6
+  # One jitted program for both (the eager optax call compiles one per primitive).
+  got, expected = jax.jit(lambda l, y: (
+      cwsa_regularized_loss(l, y, weight=0.0),
+      optax.softmax_cross_entropy_with_integer_labels(l, y).mean()))(logits, labels)
+  assert abs(float(got) - float(expected)) <= 1e-6
 
 
 def test_defaults_and_decomposition():
   logits, labels = random_logits(5)
-  total = float(cwsa_regularized_loss(logits, labels))
-  ce = float(optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean())
-  surrogate = float(cwsa_surrogate_loss(logits, labels))
+  # The three in one jitted program (the eager optax call compiles one per primitive).
+  total, ce, surrogate = map(float, jax.jit(lambda l, y: (
+      cwsa_regularized_loss(l, y),
+      optax.softmax_cross_entropy_with_integer_labels(l, y).mean(),
+      cwsa_surrogate_loss(l, y)))(logits, labels))
   assert abs(total - (ce + surrogate)) <= 2e-6
   ref, _ = loss_reference(logits, labels)  # defaults: weight 1, tau 0.5, T 0.05, probability
   assert abs(total - ref) <= 2e-6
@@ -125,6 +130,14 @@ def test_batch_axes():
 # ---------------------------------------------------------------------------
 # Gradients.
 
+@functools.partial(jax.jit, static_argnames=("correctness",))
+def _surrogate_value_and_grad(logits, labels, correctness="probability"):
+  # One program per shape and setting, shared by the gradient tests (eager jax.grad compiles
+  # one per primitive).
+  return jax.value_and_grad(lambda l: cwsa_surrogate_loss(l, labels, correctness=correctness))(
+      logits)
+
+
 def test_hard_correctness_is_stop_gradient():
   logits, labels = random_logits(7)
   correct = (logits.argmax(-1) == labels)
@@ -133,10 +146,10 @@ def test_hard_correctness_is_stop_gradient():
     c = jnp.max(jax.nn.softmax(l), axis=-1)
     return 1.0 - soft_cwsa(c, correct, 0.5, temperature=0.05)
 
-  got = jax.grad(lambda l: cwsa_surrogate_loss(l, labels, correctness="hard"))(logits)
-  np.testing.assert_allclose(got, jax.grad(manual)(logits), atol=1e-6)
+  _, got = _surrogate_value_and_grad(logits, labels, "hard")
+  np.testing.assert_allclose(got, jax.jit(jax.grad(manual))(logits), atol=1e-6)
   # With "probability" the gradient also flows through the true-class probability.
-  prob = jax.grad(lambda l: cwsa_surrogate_loss(l, labels, correctness="probability"))(logits)
+  _, prob = _surrogate_value_and_grad(logits, labels, "probability")
   assert float(jnp.max(jnp.abs(prob - got))) > 1e-4
 
 
@@ -185,7 +198,7 @@ def test_gradient_direction_on_logits():
   logits = jnp.float32([[3.0, 0.0, 0.0], [0.0, 3.0, 0.0]])
   labels = jnp.int32([0, 2])
   for correctness in ("probability", "hard"):
-    g = jax.grad(lambda l: cwsa_surrogate_loss(l, labels, correctness=correctness))(logits)
+    _, g = _surrogate_value_and_grad(logits, labels, correctness)
     assert g[0, 0] < 0  # descent raises the correct sample's top logit
     assert g[1, 1] > 0  # and lowers the wrong sample's top logit
 
@@ -215,8 +228,12 @@ def _fit(params, x, y, loss, steps, learning_rate):
   return run(params)
 
 
+# Jitted: one program per data size instead of one per eager primitive.
+_linear_softmax = jax.jit(lambda params, x: jax.nn.softmax(x @ params[0] + params[1]))
+
+
 def _hard_accuracy_and_cwsa(params, x, y, tau):
-  probs = np.asarray(jax.nn.softmax(x @ params[0] + params[1]), np.float64)
+  probs = np.asarray(_linear_softmax(params, x), np.float64)
   c = probs.max(-1)
   correct = (probs.argmax(-1) == np.asarray(y)).astype(np.float64)
   keep = c >= tau
@@ -350,12 +367,16 @@ def test_focal_losses_match_float64_reference(gamma):
 
 def test_focal_losses_at_gamma_zero_are_optax_cross_entropy():
   logits, labels = random_logits(21)
-  expected = float(optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean())
-  assert abs(float(focal_loss(logits, labels, gamma=0.0)) - expected) <= 1e-6
-  assert abs(float(inverse_focal_loss(logits, labels, gamma=0.0)) - expected) <= 1e-6
+  # All five in one jitted program (the eager optax call compiles one per primitive).
+  expected, focal0, inverse0, focal2, inverse2 = map(float, jax.jit(lambda l, y: (
+      optax.softmax_cross_entropy_with_integer_labels(l, y).mean(),
+      focal_loss(l, y, gamma=0.0), inverse_focal_loss(l, y, gamma=0.0),
+      focal_loss(l, y, gamma=2.0), inverse_focal_loss(l, y, gamma=2.0)))(logits, labels))
+  assert abs(focal0 - expected) <= 1e-6
+  assert abs(inverse0 - expected) <= 1e-6
   # Focal weights are <= 1 and inverse focal weights >= 1.
-  assert float(focal_loss(logits, labels, gamma=2.0)) < expected
-  assert float(inverse_focal_loss(logits, labels, gamma=2.0)) > expected
+  assert focal2 < expected
+  assert inverse2 > expected
 
 
 def test_focal_traced_gamma_and_batch_axes():
@@ -425,7 +446,9 @@ def test_soft_aurc_bounds_and_batch_axes():
 
 def test_soft_aurc_regularized_decomposition():
   logits, labels = random_logits(28)
-  ce = float(optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean())
+  # Jitted: one program (the eager optax call compiles one per primitive).
+  ce = float(jax.jit(lambda l, y: optax.softmax_cross_entropy_with_integer_labels(l, y).mean())(
+      logits, labels))
   assert abs(float(soft_aurc_regularized_loss(logits, labels, weight=0.0)) - ce) <= 1e-6
   for correctness in ("probability", "hard"):
     total = float(soft_aurc_regularized_loss(logits, labels, weight=0.7, temperature=0.05,
@@ -439,9 +462,11 @@ def test_soft_aurc_hard_gradient_moves_confidences_only():
   # logit and raises a confident right one's (the ranks are what it can change).
   logits = jnp.float32([[3.0, 0.0, 0.0], [0.0, 2.5, 0.0], [0.0, 0.0, 2.0]])
   labels = jnp.int32([1, 1, 2])  # the most confident sample is wrong
-  g = jax.grad(lambda l: soft_aurc_loss(l, labels, temperature=0.05, correctness="hard"))(logits)
+  # Both gradients in one jitted program (eager jax.grad compiles one per primitive).
+  g, prob = jax.jit(lambda l: tuple(
+      jax.grad(lambda z: soft_aurc_loss(z, labels, temperature=0.05, correctness=how))(l)
+      for how in ("hard", "probability")))(logits)
   assert g[0, 0] > 0 and g[1, 1] < 0
-  prob = jax.grad(lambda l: soft_aurc_loss(l, labels, temperature=0.05))(logits)
   assert float(jnp.max(jnp.abs(prob - g))) > 1e-4  # "probability" also moves p_y
 
 
@@ -507,13 +532,13 @@ def test_surrogate_alone_has_no_gradient_below_tau_and_the_regularized_loss_has_
   from cwsa_jax import losses
   logits = 0.1 * jax.random.normal(jax.random.key(0), (64, 10))
   labels = jax.random.randint(jax.random.key(1), (64,), 0, 10)
-  loss, grad = jax.value_and_grad(lambda z: losses.cwsa_surrogate_loss(z, labels))(logits)
+  loss, grad = _surrogate_value_and_grad(logits, labels)
   assert float(loss) == 1.0 and not np.any(np.asarray(grad))
-  grad = jax.grad(lambda z: losses.cwsa_regularized_loss(z, labels))(logits)
+  grad = jax.jit(jax.grad(lambda z: losses.cwsa_regularized_loss(z, labels)))(logits)
   assert np.abs(np.asarray(grad)).max() > 1e-4
   # once one confidence crosses tau the surrogate's gradient is no longer 0
   crossed = logits.at[0, 0].set(5.0)
-  grad = jax.grad(lambda z: losses.cwsa_surrogate_loss(z, labels))(crossed)
+  _, grad = _surrogate_value_and_grad(crossed, labels)
   assert np.any(np.asarray(grad))
 
 
