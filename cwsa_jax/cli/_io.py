@@ -394,9 +394,12 @@ def concatenate(parts: Sequence[LoadedPredictions], paths: Sequence[Path]) -> Lo
 
 def _load_table(path: Path, chunks: Iterator[_csv.CsvChunk]) -> LoadedPredictions:
   """The blocks of a CSV or Parquet file as one set: only NumPy arrays are kept."""
-  confidences, correct, true_labels, pred_names, groups = [], [], [], [], []
+  confidences, wide, printed = [], [], True  # float32 and float64 blocks; all float32 dumps?
+  correct, true_labels, pred_names, groups = [], [], [], []
   for chunk in chunks:
-    confidences.append(chunk.confidences)  # float64
+    wide.append(np.asarray(chunk.confidences, np.float64))
+    confidences.append(wide[-1].astype(np.float32))
+    printed = printed and float32_printed(wide[-1])  # per block: bounded temporaries
     correct.append(chunk.correct)
     if chunk.y_true is not None:
       if chunk.y_true.dtype.kind == "U":
@@ -419,11 +422,10 @@ def _load_table(path: Path, chunks: Iterator[_csv.CsvChunk]) -> LoadedPrediction
   group_ids = group_names = None
   if groups:
     group_ids, group_names = _group_ids(groups)
-  wide = np.concatenate(confidences).astype(np.float64, copy=False)
-  return LoadedPredictions(wide.astype(np.float32), np.concatenate(correct), source,
+  return LoadedPredictions(np.concatenate(confidences), np.concatenate(correct), source,
                            labels=labels, groups=group_ids, group_names=group_names,
                            class_names=class_names,
-                           wide_confidences=None if float32_printed(wide) else wide)
+                           wide_confidences=None if printed else np.concatenate(wide))
 
 
 def _merge_codes(parts: list[tuple[np.ndarray, np.ndarray]],
