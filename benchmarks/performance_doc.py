@@ -301,6 +301,32 @@ Ratio = kit / peer: below one the kit is faster. Data, as the record names it: {
 {notes}
 """
 
+TEXT["handwritten"] = """\
+### Hand-written pieces, against the library way
+
+`python benchmarks/bench_handwritten.py --out results/benchmarks/handwritten.json` times the places
+where the kit does by hand what a library also does, each first checked equal to the library way (the
+random streams, which differ, in range and in distribution), then timed interleaved in one process.
+Ratio = kit median / library median: above one the library way is faster. What the kit keeps:
+
+- CSV: `cwsa_jax/cli/_csv.py` reads blocks of rows with pyarrow's CSV parser where pyarrow is
+  installed (the `parquet` extra), and with NumPy in the core install; the same checks and messages
+  either way. The rows compare it with pyarrow reading the whole file.
+- Bootstrap: the Threefry draws of `cwsa_jax/_bootstrap/_sampler.py` are a function of the key, the
+  resample and the row, so the streamed bootstrap draws the same multiplicities for a row whatever
+  range it arrives in; `jax.random` keys whole arrays.
+- Sort: the radix stable order (the kit column of the sort rows) runs only where NumPy's sort of
+  the keys is slow (above); elsewhere the kit sorts the (key, position) words, the library way.
+  `_sort._RADIX_ORDER` records the choice on a host.
+- Conv: `training/models.py` takes the filter gradient as one matmul of shifted inputs up to
+  `MATMUL_FILTER_GRADIENT_MAX_CHANNELS` input channels and XLA's own above (the control rows); a
+  ratio above one in a row at or below that limit is a layer where the limit is wrong on this host.
+
+{source}
+
+{table}
+"""
+
 TEXT["gpu"] = """\
 ## On a GPU
 
@@ -1049,6 +1075,25 @@ def peers_sections(R: Records) -> list[str]:
       notes="\n".join(notes))]
 
 
+def handwritten_sections(R: Records) -> list[str]:
+  """The hand-written pieces beside the library way (``handwritten.json``); nothing without it."""
+  if "handwritten.json" not in R.data:
+    return []
+  hw = R.get("handwritten.json", "Hand-written pieces, against the library way")
+  rows = []
+  for r in get(hw, "cases", default=[]):
+    if not isinstance(r, dict):
+      continue
+    check = "ok" if r.get("check_ok") else "failed" if r.get("check_ok") is False else DASH
+    rows.append([code(r.get("component")), r.get("what", DASH), size(r.get("n")), code(r.get("library")),
+                 ms(r.get("kit_median_s")), ms(r.get("library_median_s")), ratio(r.get("ratio")),
+                 check])
+  return [TEXT["handwritten"].format(
+      source=source("handwritten.json", hw),
+      table=table(["component", "case", "n", "library way", "kit ms", "library ms",
+                   "kit / library", "check"], rows))]
+
+
 # --------------------------------------------------------------------------- GPU
 
 
@@ -1357,7 +1402,7 @@ def index_section(R: Records) -> str:
 
 def render(results: pathlib.Path = RESULTS) -> str:
   R = Records(results)
-  parts = [TEXT["header"], TEXT["suite"], *speed_sections(R), *peers_sections(R), *gpu_sections(R),
+  parts = [TEXT["header"], TEXT["suite"], *speed_sections(R), *peers_sections(R), *handwritten_sections(R), *gpu_sections(R),
            *other_sections(R), index_section(R)]
   text = "\n".join(p.strip("\n") + "\n" for p in parts)
   while "\n\n\n" in text:
