@@ -486,7 +486,7 @@ def seal(w: Wide, axes: int = 2) -> Wide:
   """``w`` with every top limb set to :data:`OVER_CAPACITY` in each state (its last ``axes``
   axes) that is past its capacity: some top limb marked already, or some column whose total
   over the buckets (axis -2) exceeds ``TOP_CAPACITY`` tops (estimated in float32: the bound
-  leaves a factor 4 to int32's limit, so the estimate's rounding cannot hide a wrap; even
+  leaves a factor 8/3 to int32's limit, so the estimate's rounding cannot hide a wrap; even
   summed one by one, below 2^22 buckets it errs by less than a quarter)."""
   top, hi, lo = w
   column = jnp.sum(top.astype(jnp.float32) + hi.astype(jnp.float32) * 2.0**-_HI_BITS, axis=-2)
