@@ -119,6 +119,51 @@ def aurc(confidences, correct, convention="step", generalized=False):
   return area
 
 
+def auroc(scores, correct):
+  """Failure AUROC: over (correct, wrong) pairs, 1 when the correct one scores higher, 1/2 on
+  a tie; NaN without both kinds."""
+  s, k = np.asarray(scores, np.float64), np.asarray(correct, bool)
+  positives, negatives = s[k], s[~k]
+  if positives.size == 0 or negatives.size == 0:
+    return np.nan
+  total = 0.0
+  for x in positives:
+    total += np.sum(x > negatives) + 0.5 * np.sum(x == negatives)
+  return total / (positives.size * negatives.size)
+
+
+def fpr_at_tpr(scores, correct, tpr, slack=1e-12):
+  """The smallest fraction of wrong predictions accepted (``s >= t``, t over the distinct
+  scores) among the thresholds accepting at least ``tpr - slack`` of the correct ones."""
+  s, k = np.asarray(scores, np.float64), np.asarray(correct, bool)
+  p, n = k.sum(), (~k).sum()
+  if p == 0 or n == 0:
+    return np.nan
+  best = np.inf
+  for t in np.unique(s):
+    accepted = s >= t
+    if (accepted & k).sum() / p >= tpr - slack:
+      best = min(best, (accepted & ~k).sum() / n)
+  return float(best)
+
+
+def average_precision(scores, correct, positive="correct"):
+  """scikit-learn's step-wise AP over the distinct thresholds from the top; ``"error"``: the
+  wrong predictions ranked by the negated score. NaN without a positive."""
+  s, k = np.asarray(scores, np.float64), np.asarray(correct, bool)
+  if positive == "error":
+    s, k = -s, ~k
+  if k.sum() == 0:
+    return np.nan
+  total, previous_recall = 0.0, 0.0
+  for t in np.unique(s)[::-1]:  # decreasing thresholds
+    accepted = s >= t
+    recall = (accepted & k).sum() / k.sum()
+    total += (recall - previous_recall) * (accepted & k).sum() / accepted.sum()
+    previous_recall = recall
+  return total
+
+
 def oracle_scores(correct, convention):
   """A scoring of the outcomes that reaches the smallest AURC of the convention: every correct
   sample above every error, strictly ordered ("step", "published_code") or two tied levels

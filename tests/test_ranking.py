@@ -13,56 +13,15 @@ from hypothesis import given, settings, strategies as st
 
 import cwsa_jax
 from cwsa_jax._ranking import auroc, average_precision, fpr_at_tpr
+from reference import auroc as ref_auroc
+from reference import average_precision as ref_average_precision
+from reference import fpr_at_tpr as ref_fpr_at_tpr
 from cwsa_jax._risk_coverage import augrc
 
 RTOL, ATOL = 1e-6, 1e-7
 # Most tests share one sample count so that the jitted kernels compile once per option.
 N = 64
 TARGETS = (0.3, 0.5, 0.9, 0.95, 1.0)
-
-
-# ---------------------------------------------------------------------------
-# Slow float64 references: a loop over pairs or over the distinct thresholds.
-# ---------------------------------------------------------------------------
-
-
-def ref_auroc(scores, correct):
-  s, k = np.asarray(scores, np.float64), np.asarray(correct, bool)
-  positives, negatives = s[k], s[~k]
-  if positives.size == 0 or negatives.size == 0:
-    return np.nan
-  total = 0.0
-  for x in positives:
-    total += np.sum(x > negatives) + 0.5 * np.sum(x == negatives)
-  return total / (positives.size * negatives.size)
-
-
-def ref_fpr_at_tpr(scores, correct, tpr):
-  s, k = np.asarray(scores, np.float64), np.asarray(correct, bool)
-  p, n = k.sum(), (~k).sum()
-  if p == 0 or n == 0:
-    return np.nan
-  best = np.inf
-  for t in np.unique(s):
-    accepted = s >= t
-    if (accepted & k).sum() / p >= tpr - 1e-12:
-      best = min(best, (accepted & ~k).sum() / n)
-  return best
-
-
-def ref_average_precision(scores, correct, positive="correct"):
-  s, k = np.asarray(scores, np.float64), np.asarray(correct, bool)
-  if positive == "error":
-    s, k = -s, ~k
-  if k.sum() == 0:
-    return np.nan
-  total, previous_recall = 0.0, 0.0
-  for t in np.unique(s)[::-1]:  # decreasing thresholds
-    accepted = s >= t
-    recall = (accepted & k).sum() / k.sum()
-    total += (recall - previous_recall) * (accepted & k).sum() / accepted.sum()
-    previous_recall = recall
-  return total
 
 
 def _float32(x):

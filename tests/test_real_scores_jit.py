@@ -100,32 +100,6 @@ def ref_coverage_at_risk(s, k, target):
   return max(ok, default=0.0)
 
 
-def ref_auroc(s, k):
-  s, k = np.asarray(s, np.float64), np.asarray(k, bool)
-  above = s[k][:, None] - s[~k][None, :]
-  return float(np.mean((above > 0) + 0.5 * (above == 0)))
-
-
-def ref_fpr_at_tpr(s, k, target):
-  s, k = np.asarray(s, np.float64), np.asarray(k, bool)
-  rates = [((s >= t) & ~k).sum() / (~k).sum() for t in np.unique(s)
-           if ((s >= t) & k).sum() / k.sum() >= target - SLACK]
-  return min(rates)
-
-
-def ref_average_precision(s, k, positive):
-  s, k = np.asarray(s, np.float64), np.asarray(k, bool)
-  if positive == "error":
-    s, k = -s, ~k
-  total, recall_before = 0.0, 0.0
-  for t in np.unique(s)[::-1]:
-    accepted = s >= t
-    recall = (accepted & k).sum() / k.sum()
-    total += (recall - recall_before) * (accepted & k).sum() / accepted.sum()
-    recall_before = recall
-  return total
-
-
 def reference_row(name, s, k):
   """The float64 reference of ``FUNCTIONS[name]`` on one row, as a list of arrays (the curve:
   its first ``num_points`` points)."""
@@ -141,8 +115,8 @@ def reference_row(name, s, k):
   if name == "working_points":
     return [[ref_risk_at_coverage(s, k, q) for q in COVERAGE],
             [ref_coverage_at_risk(s, k, r) for r in RISK]]
-  return [ref_auroc(s, k), [ref_fpr_at_tpr(s, k, q) for q in TPR],
-          ref_average_precision(s, k, "error")]
+  return [reference.auroc(s, k), [reference.fpr_at_tpr(s, k, q, SLACK) for q in TPR],
+          reference.average_precision(s, k, "error")]
 
 
 def _assert_same(got, want):

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import cwsa_jax as cw
+import reference
 from cwsa_jax.streaming import BinnedRanking, RiskCoverageState, confidence_key
 
 # One length, the default bins, a mask on every batch and one tpr shape: few compiled programs.
@@ -27,45 +28,10 @@ RANKED = jax.jit(lambda state, tpr: state.ranking(tpr))
 # ------------------------------------------------------------------ float64 references
 
 
-def ref_auroc(scores, correct):
-  s, k = np.asarray(scores, np.float64), np.asarray(correct, bool)
-  right, wrong = s[k][:, None], s[~k][None, :]
-  if right.size == 0 or wrong.size == 0:
-    return np.nan
-  return float(np.mean((right > wrong) + 0.5 * (right == wrong)))
-
-
-def ref_fpr_at_tpr(scores, correct, tpr):
-  s, k = np.asarray(scores, np.float64), np.asarray(correct, bool)
-  p, n = k.sum(), (~k).sum()
-  if p == 0 or n == 0:
-    return np.nan
-  best = np.inf
-  for t in np.unique(s):  # a threshold accepts s >= t: ties together
-    if (k & (s >= t)).sum() / p >= tpr - SLACK:
-      best = min(best, (~k & (s >= t)).sum() / n)
-  return float(best)
-
-
-def ref_average_precision(scores, correct, positive="correct"):
-  s, k = np.asarray(scores, np.float64), np.asarray(correct, bool)
-  if positive == "error":
-    s, k = -s, ~k
-  if k.sum() == 0:
-    return np.nan
-  total, recall_before = 0.0, 0.0
-  for t in np.unique(s)[::-1]:  # thresholds from the top, each a tie group
-    accepted = s >= t
-    recall = (k & accepted).sum() / k.sum()
-    total += (recall - recall_before) * (k & accepted).sum() / accepted.sum()
-    recall_before = recall
-  return total
-
-
 def references(c, k):
   """(AUROC, FPR at each target, AP, AP-error) of the float64 references."""
-  return (ref_auroc(c, k), [ref_fpr_at_tpr(c, k, q) for q in TARGETS],
-          ref_average_precision(c, k), ref_average_precision(c, k, "error"))
+  return (reference.auroc(c, k), [reference.fpr_at_tpr(c, k, q, SLACK) for q in TARGETS],
+          reference.average_precision(c, k), reference.average_precision(c, k, "error"))
 
 
 def one_shot(c, k):
