@@ -17,8 +17,6 @@ the column's float64 bins, before the kit's entry rounds it.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from typing import Any
 
 import jax
@@ -32,37 +30,17 @@ from cwsa_jax import _threshold_order
 from cwsa_jax import _validation
 
 
-def _float64_columns(fn):
-  """``fn(probs, labels, ...)`` with concrete float64 ``probs`` [..., n, K] replaced by float32
-  stand-ins that fall in each class column's float64 bins (equal-mass edges per column, as
-  ECE's batch rows), outside the kit's entry, which rounds 64-bit JAX arrays to 32 bits."""
-  signature = inspect.signature(fn)
-
-  @functools.wraps(fn)
-  def wrapper(*args, **kwargs):
-    try:
-      bound = signature.bind(*args, **kwargs)
-    except TypeError:  # fn names the problem
-      return fn(*args, **kwargs)
-    bound.apply_defaults()
-    probs = bound.arguments["probs"]
-    p64 = _threshold_order.wide_floats(probs)
-    if p64 is None or p64.ndim < 2:
-      return fn(*args, **kwargs)
-    rows = np.moveaxis(p64, -1, -2)  # [..., K, n]: one ECE row per class
-    new = _calibration._float64_bins(rows, bound.arguments)
-    if new is None:
-      return fn(*args, **kwargs)
-    new = np.moveaxis(new, -2, -1)
-    if isinstance(probs, jax.Array):  # back where it was (device, sharding)
-      new = jax.device_put(new, probs.sharding)
-    bound.arguments["probs"] = new
-    return fn(*bound.args, **bound.kwargs)
-
-  return wrapper
+def _float64_columns(p64: np.ndarray, arguments: dict) -> np.ndarray | None:
+  """float32 stand-ins of float64 ``probs`` [..., n, K] that fall in each class column's
+  float64 bins (equal-mass edges per column, as ECE's batch rows), or None to leave them."""
+  if p64.ndim < 2:
+    return None
+  rows = np.moveaxis(p64, -1, -2)  # [..., K, n]: one ECE row per class
+  new = _calibration._float64_bins(rows, arguments)
+  return None if new is None else np.moveaxis(new, -2, -1)
 
 
-@_float64_columns
+@_threshold_order.kept(_float64_columns, argument="probs")
 @_public.entry
 def classwise_ece(probs: Any, labels: Any, *, num_bins: int = 15, norm: str = "l1",
                   binning: str = "width") -> jax.Array:

@@ -144,19 +144,21 @@ def width_edges(num_bins: int) -> np.ndarray:
   return np.arange(1, num_bins, dtype=np.float64) / num_bins
 
 
-def kept(stand_ins_of: Callable[[np.ndarray, dict], np.ndarray | None]) -> Callable:
+def kept(stand_ins_of: Callable[[np.ndarray, dict], np.ndarray | None], *,
+         argument: str = "confidences") -> Callable:
   """``fn(confidences, ...)`` with float64 confidences replaced by their stand-ins.
 
-  ``stand_ins_of(c64, arguments)`` gets the float64 confidences and ``fn``'s bound
-  arguments (defaults applied) and returns float32 stand-ins, or None to leave them.
-  Outside the kit's entry (``_public.entry``), which rounds 64-bit JAX arrays to 32 bits.
+  ``stand_ins_of(c64, arguments)`` gets the float64 values of the first argument (named
+  ``argument``) and ``fn``'s bound arguments (defaults applied) and returns float32
+  stand-ins, or None to leave them. Outside the kit's entry (``_public.entry``), which
+  rounds 64-bit JAX arrays to 32 bits.
   """
   def decorator(fn):
     signature = inspect.signature(fn)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-      c64 = wide_floats(args[0] if args else kwargs.get("confidences"))
+      c64 = wide_floats(args[0] if args else kwargs.get(argument))
       if c64 is None:
         return fn(*args, **kwargs)
       try:
@@ -167,10 +169,10 @@ def kept(stand_ins_of: Callable[[np.ndarray, dict], np.ndarray | None]) -> Calla
       new = stand_ins_of(c64, bound.arguments)
       if new is None:
         return fn(*args, **kwargs)
-      confidences = bound.arguments["confidences"]
+      confidences = bound.arguments[argument]
       if isinstance(confidences, jax.Array):  # back where it was (device, sharding)
         new = jax.device_put(new, confidences.sharding)
-      bound.arguments["confidences"] = new
+      bound.arguments[argument] = new
       return fn(*bound.args, **bound.kwargs)
 
     return wrapper
