@@ -6,6 +6,8 @@ no shared code with the library.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -184,6 +186,25 @@ def eaurc(confidences, correct, convention="step"):
   excess = aurc(confidences, ok, convention) - aurc(oracle_scores(ok, convention), ok, convention)
   return max(excess, 0.0)
 
+
+def eaurc_fsum(ok_sorted: np.ndarray, ends: np.ndarray, convention: str) -> float:
+  """AURC minus the oracle's AURC in float64 ("step" or "trapezoid", tie groups ending at
+  ``ends``): every term rounded once or twice and summed exactly (``math.fsum``), so the
+  difference is good to about 1e-16 of the AURC."""
+  n = ok_sorted.size
+  m = int(ok_sorted.sum())
+  errors = np.cumsum(~ok_sorted)[ends - 1].astype(np.float64)
+  width = np.diff(np.concatenate([[0], ends])).astype(np.float64)
+  risk = errors / ends
+  if convention == "step":
+    area = math.fsum(width * risk)
+    p = np.arange(m + 1, n + 1, dtype=np.float64)
+    oracle = math.fsum((p - m) / p)  # the strict order, correct samples first
+  else:
+    previous = np.concatenate([risk[:1], risk[:-1]])
+    area = math.fsum(width * (previous + risk) / 2)
+    oracle = (n - m) ** 2 / (2 * n)  # all correct tied above all errors tied: n (E/n)^2 / 2
+  return (area - oracle) / n
 
 def risk_coverage_curve(confidences, correct):
   """(thresholds, coverage, risk, generalized risk) at every distinct confidence, high to low."""

@@ -11,7 +11,6 @@ decomposition: the areas summed exactly (``math.fsum``) less the oracle's.
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 
 import cwsa_jax as cw
+import reference
 from cwsa_jax._bootstrap import _area_scan, _engine, _intervals
 from cwsa_jax._bootstrap._sampler import _poisson_multiplicities, _resample_indices
 
@@ -38,18 +38,7 @@ def reference_eaurc(c: np.ndarray, ok: np.ndarray, convention: str) -> float:
   if m in (0, n):
     return 0.0
   ends = np.append(np.flatnonzero(c[1:] != c[:-1]) + 1, n)
-  errors = np.cumsum(~ok)[ends - 1].astype(np.float64)
-  width = np.diff(np.concatenate([[0], ends])).astype(np.float64)
-  risk = errors / ends
-  if convention == "step":
-    area = math.fsum(width * risk)
-    p = np.arange(m + 1, n + 1, dtype=np.float64)
-    oracle = math.fsum((p - m) / p)
-  else:
-    previous = np.concatenate([risk[:1], risk[:-1]])
-    area = math.fsum(width * (previous + risk) / 2)
-    oracle = (n - m) ** 2 / (2 * n)
-  return (area - oracle) / n
+  return reference.eaurc_fsum(ok, ends, convention)
 
 
 def nearly_optimal(swaps: int = 5, num_errors: int = N // 10):

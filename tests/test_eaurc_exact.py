@@ -10,7 +10,6 @@ references that know nothing of that decomposition: Python fractions of the defi
 
 from __future__ import annotations
 
-import math
 from fractions import Fraction
 
 import jax.numpy as jnp
@@ -68,26 +67,6 @@ def fraction_eaurc(ok_sorted: np.ndarray, convention: str) -> Fraction:
   return total / n
 
 
-def float64_eaurc(ok_sorted: np.ndarray, ends: np.ndarray, convention: str) -> float:
-  """AURC minus the oracle's AURC in float64 ("step" or "trapezoid", tie groups ending at
-  ``ends``): every term rounded once or twice and summed exactly (``math.fsum``), so the
-  difference is good to about 1e-16 of the AURC."""
-  n = ok_sorted.size
-  m = int(ok_sorted.sum())
-  errors = np.cumsum(~ok_sorted)[ends - 1].astype(np.float64)
-  width = np.diff(np.concatenate([[0], ends])).astype(np.float64)
-  risk = errors / ends
-  if convention == "step":
-    area = math.fsum(width * risk)
-    p = np.arange(m + 1, n + 1, dtype=np.float64)
-    oracle = math.fsum((p - m) / p)  # the strict order, correct samples first
-  else:
-    previous = np.concatenate([risk[:1], risk[:-1]])
-    area = math.fsum(width * (previous + risk) / 2)
-    oracle = (n - m) ** 2 / (2 * n)  # all correct tied above all errors tied: n (E/n)^2 / 2
-  return (area - oracle) / n
-
-
 @pytest.mark.parametrize("n, swaps", [(100_000, 10), (100_000, 1000), (1_000_000, 10),
                                       (1_000_000, 1000)])
 def test_nearly_optimal_orders_without_ties(n, swaps):
@@ -97,11 +76,11 @@ def test_nearly_optimal_orders_without_ties(n, swaps):
   for convention in CONVENTIONS:
     got = float(eaurc(c, ok, convention=convention))
     if convention == "trapezoid":
-      want = float64_eaurc(ok_sorted, ends, convention)
+      want = reference.eaurc_fsum(ok_sorted, ends, convention)
     else:
       want = float(fraction_eaurc(ok_sorted, convention))
       if convention == "step":  # the two references agree
-        assert float64_eaurc(ok_sorted, ends, convention) == pytest.approx(want, rel=1e-9)
+        assert reference.eaurc_fsum(ok_sorted, ends, convention) == pytest.approx(want, rel=1e-9)
     assert want > 0
     assert got == pytest.approx(want, rel=1e-6, abs=0), (convention, got, want)
   if (n, swaps) == (1_000_000, 10):  # the issue's case: truth about 1.1e-10, was exactly 0
@@ -117,7 +96,7 @@ def test_nearly_optimal_orders_with_ties(n, swaps):
   ends = groups_of(n, 2)
   for convention in ("step", "trapezoid"):
     got = risk_coverage_summary(c, ok, convention=convention)
-    want = float64_eaurc(ok_sorted, ends, convention)
+    want = reference.eaurc_fsum(ok_sorted, ends, convention)
     assert want > 0
     assert float(got.eaurc) == pytest.approx(want, rel=1e-6, abs=0), convention
     assert float(eaurc(c, ok, convention=convention)) == float(got.eaurc)
@@ -173,7 +152,7 @@ def test_parallel_scan_and_cuda_form_take_the_same_terms(convention):
   ok_sorted = nearly_perfect(40_001, 4000, 300)
   c, ok = as_input(ok_sorted, group=3, seed=5)
   c, ok = jnp.asarray(c), jnp.asarray(ok)
-  want = float64_eaurc(ok_sorted, groups_of(ok_sorted.size, 3), convention)
+  want = reference.eaurc_fsum(ok_sorted, groups_of(ok_sorted.size, 3), convention)
   sequential = rck._summary_kernel(c, ok, convention=convention, sequential=True,
                                    with_eaurc=True).eaurc
   parallel = rck._summary_kernel(c, ok, convention=convention, sequential=False,
