@@ -499,28 +499,6 @@ def _units(w: _exact.Wide) -> _exact.Wide:
 _PIECE_BITS = 6
 
 
-def _suffix_sums(w: _exact.Wide) -> _exact.Wide:
-  """Exact sums at or above each entry along axis 0 of canonical ``(top, hi, lo)``.
-
-  The ``lo`` and ``hi`` limbs are summed in 6-bit pieces, below ``2^6`` each, so
-  that no partial sum wraps int32 for up to ``2^25`` bins (12-bit limbs would
-  from ``2^19`` on, a state of 12 mantissa bits); the tops of a state within
-  capacity add up to less than 2^31.
-  """
-  top, hi, lo = w
-  mask = (1 << _PIECE_BITS) - 1
-  pieces = [(lo >> s) & mask for s in (0, 6)] + [(hi >> s) & mask for s in (0, 6, 12, 18)]
-  stacked = jnp.stack(pieces + [top])
-  sums = jnp.flip(_sort.cumsum(jnp.flip(stacked, 1), axis=1), 1)
-  limbs, carry = [], 0
-  for piece in sums[:-1]:
-    piece = piece + carry
-    limbs.append(piece & mask)
-    carry = piece >> _PIECE_BITS
-  hi = limbs[2] | (limbs[3] << 6) | (limbs[4] << 12) | (limbs[5] << 18)
-  return sums[-1] + carry, hi, limbs[0] | (limbs[1] << 6)
-
-
 def _limbs(w: _exact.Wide) -> list[jax.Array]:
   """The five base-4096 limbs, least significant first, of canonical ``(top, hi, lo)`` below
   2^53 (a count of a state within capacity)."""
@@ -583,7 +561,7 @@ def _ranking_compute(hi, lo, top, key_min, key_max, invalid, tpr):
   errors = _units(loss)
   # Per bin [bins, 2]: (wrong, correct); then at or above it, strictly above and strictly below.
   own = tuple(jnp.stack(pair, axis=-1) for pair in zip(errors, _exact.wide_sub(count, errors)))
-  upto = _suffix_sums(own)
+  upto = _exact.wide_suffix_sums(own)
   above = _exact.wide_sub(upto, own)
   below = _exact.wide_sub(tuple(x[0] for x in upto), upto)
   e, c = _column(own, 0), _column(own, 1)
